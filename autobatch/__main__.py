@@ -1,0 +1,5 @@
+import sys
+
+from autobatch.cli import main
+
+sys.exit(main())

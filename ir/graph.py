@@ -1,0 +1,460 @@
+"""The IR: a Graph facade over ``networkx.MultiDiGraph`` holding ONNX-style nodes and values.
+
+Nodes of the networkx graph are integer node ids; an edge ``u -> v`` with key
+``(output_index, input_index)`` says that input ``input_index`` of ``v`` reads output
+``output_index`` of ``u`` (so ``Add(x, x)`` has two parallel edges). A value captured from
+the enclosing scope by a subgraph attribute (If/Loop/Scan bodies) is an edge with input
+index ``CAPTURED``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import AttributeProto, FunctionProto, GraphProto, helper
+
+from autobatch.ir.errors import ValidationError
+from autobatch.ir.types import ValueType, type_of_array
+
+CAPTURED = -1  # input index of an edge for a value read from inside a subgraph attribute
+
+
+class Value:
+    """A named SSA value: a graph input, a shared constant (initializer) or a node output.
+
+    Invariant: ``const`` is set exactly for shared values (initializers and parameters);
+    their identity is their name within the graph.
+    """
+
+    __slots__ = ("name", "type", "const")
+
+    def __init__(self, name: str, type: ValueType | None = None, const: np.ndarray | None = None) -> None:
+        self.name = name
+        self.type = type
+        self.const = const
+
+    @property
+    def is_shared(self) -> bool:
+        return self.const is not None
+
+    def __repr__(self) -> str:
+        kind = "shared " if self.is_shared else ""
+        return f"Value({kind}{self.name!r}: {self.type!r})"
+
+
+class Node:
+    """One operator application.
+
+    ``version`` is the opset version of the node's domain; ``instance`` is the index of the
+    instance the node belongs to (None for a node not tied to one instance). An empty string
+    in ``inputs`` is a missing optional input, as in ONNX.
+    """
+
+    __slots__ = ("id", "op_type", "domain", "version", "attributes", "inputs", "outputs", "instance", "name")
+
+    def __init__(
+        self,
+        id: int,
+        op_type: str,
+        domain: str,
+        version: int,
+        attributes: dict[str, AttributeProto],
+        inputs: list[str],
+        outputs: list[str],
+        instance: int | None,
+        name: str,
+    ) -> None:
+        self.id = id
+        self.op_type = op_type
+        self.domain = domain
+        self.version = version
+        self.attributes = attributes
+        self.inputs = inputs
+        self.outputs = outputs
+        self.instance = instance
+        self.name = name
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """Python value of an attribute (strings decoded), or ``default``."""
+        proto = self.attributes.get(name)
+        if proto is None:
+            return default
+        return attribute_value(proto)
+
+    def subgraphs(self) -> Iterator[GraphProto]:
+        for proto in self.attributes.values():
+            if proto.type == AttributeProto.GRAPH:
+                yield proto.g
+            elif proto.type == AttributeProto.GRAPHS:
+                yield from proto.graphs
+
+    @property
+    def qualified_op(self) -> str:
+        return f"{self.domain}::{self.op_type}" if self.domain else self.op_type
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"Node#{self.id}{label} {self.qualified_op}-{self.version}"
+
+
+def attribute_value(proto: AttributeProto) -> Any:
+    value = helper.get_attribute_value(proto)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if proto.type == AttributeProto.STRINGS:
+        return [v.decode("utf-8") for v in value]
+    if proto.type == AttributeProto.TENSOR:
+        return onnx.numpy_helper.to_array(value)
+    return value
+
+
+def make_attributes(attributes: Mapping[str, Any] | None) -> dict[str, AttributeProto]:
+    """Attribute protos from Python values (protos are kept as they are)."""
+    result: dict[str, AttributeProto] = {}
+    for name, value in (attributes or {}).items():
+        if isinstance(value, AttributeProto):
+            result[name] = value
+        else:
+            if isinstance(value, np.ndarray):
+                value = onnx.numpy_helper.from_array(value)
+            result[name] = helper.make_attribute(name, value)
+    return result
+
+
+class Graph:
+    """A dataflow graph of ONNX nodes over named values, held in networkx.
+
+    Invariants: every value name is unique; every node output is produced by exactly one
+    node; the networkx edges mirror node inputs (and captured values) exactly.
+    """
+
+    def __init__(self, name: str = "graph", opset_imports: Mapping[str, int] | None = None) -> None:
+        self.name = name
+        self.nx = nx.MultiDiGraph()
+        self.nodes: dict[int, Node] = {}
+        self.values: dict[str, Value] = {}
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
+        self.opset_imports: dict[str, int] = dict(opset_imports or {"": onnx.defs.onnx_opset_version()})
+        self.functions: dict[tuple[str, str], FunctionProto] = {}
+        # Model-level fields kept for a faithful export (ir_version, producer, doc strings, metadata).
+        self.meta: dict[str, Any] = {}
+        self._producer: dict[str, tuple[int, int]] = {}
+        self._consumers: dict[str, list[tuple[int, int]]] = {}
+        self._next_id = 0
+
+    # ----------------------------------------------------------------- building
+    def add_input(self, name: str, type: ValueType | None) -> Value:
+        value = self._new_value(name, type)
+        self.inputs.append(name)
+        return value
+
+    def add_initializer(self, name: str, array: np.ndarray) -> Value:
+        """A shared value (weight, parameter, constant) readable by every instance."""
+        array = np.asarray(array)
+        return self._new_value(name, type_of_array(array), const=array)
+
+    def add_output(self, name: str) -> None:
+        if name not in self.values:
+            raise ValidationError(f"graph output {name!r} is not a value of graph {self.name!r}")
+        self.outputs.append(name)
+
+    def add_node(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        domain: str = "",
+        version: int | None = None,
+        instance: int | None = None,
+        name: str = "",
+        output_types: Sequence[ValueType | None] | None = None,
+    ) -> Node:
+        if version is None:
+            version = self.opset_imports.get(domain, 1)
+        node = Node(
+            self._next_id, op_type, domain, version, make_attributes(attributes),
+            list(inputs), list(outputs), instance, name,
+        )
+        types = list(output_types) if output_types is not None else [None] * len(node.outputs)
+        for index, (output, vtype) in enumerate(zip(node.outputs, types)):
+            if not output:
+                continue
+            self._new_value(output, vtype)
+            self._producer[output] = (node.id, index)
+        self._next_id += 1
+        self.nodes[node.id] = node
+        self.nx.add_node(node.id)
+        self._link_inputs(node)
+        return node
+
+    def remove_nodes(self, node_ids: Iterable[int]) -> None:
+        """Remove nodes and the values they produce; consumers of those values must go too."""
+        for node_id in list(node_ids):
+            node = self.nodes.pop(node_id)
+            self.nx.remove_node(node_id)
+            for name, _ in self._reads(node):
+                self._consumers[name] = [c for c in self._consumers.get(name, []) if c[0] != node_id]
+            for output in node.outputs:
+                if output:
+                    del self._producer[output]
+                    del self.values[output]
+
+    def _new_value(self, name: str, type: ValueType | None, const: np.ndarray | None = None) -> Value:
+        if not name:
+            raise ValidationError("a value needs a non-empty name")
+        if name in self.values:
+            raise ValidationError(f"value {name!r} is defined twice in graph {self.name!r}")
+        value = Value(name, type, const)
+        self.values[name] = value
+        return value
+
+    def _reads(self, node: Node) -> list[tuple[str, int]]:
+        reads = [(name, index) for index, name in enumerate(node.inputs) if name]
+        reads.extend((name, CAPTURED) for name in sorted(captured_names(node)))
+        return reads
+
+    def _link_inputs(self, node: Node) -> None:
+        for name, index in self._reads(node):
+            self._consumers.setdefault(name, []).append((node.id, index))
+            source = self._producer.get(name)
+            if source is not None:
+                self.nx.add_edge(source[0], node.id, key=(source[1], index), value=name)
+
+    # ----------------------------------------------------------------- queries
+    def producer(self, value: str) -> tuple[Node, int] | None:
+        """The node producing ``value`` and the output index, or None for inputs and constants."""
+        source = self._producer.get(value)
+        return None if source is None else (self.nodes[source[0]], source[1])
+
+    def consumers(self, value: str) -> list[tuple[Node, int]]:
+        """(node, input index) for every read of ``value``; index ``CAPTURED`` for subgraph reads."""
+        return [(self.nodes[n], i) for n, i in self._consumers.get(value, [])]
+
+    def topological_order(self) -> list[Node]:
+        """Nodes in a dependency order that is deterministic: ties go to the older node."""
+        try:
+            order = nx.lexicographical_topological_sort(self.nx)
+            return [self.nodes[n] for n in order]
+        except nx.NetworkXUnfeasible:
+            raise ValidationError(f"graph {self.name!r} has a cycle: {self._describe_cycle()}") from None
+
+    def initializers(self) -> dict[str, np.ndarray]:
+        return {name: v.const for name, v in self.values.items() if v.const is not None}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    # ----------------------------------------------------------------- whole-graph operations
+    def subgraph(self, node_ids: Iterable[int], name: str | None = None) -> Graph:
+        """A new graph with only these nodes: values they read from outside become inputs
+        (or stay shared constants); values read outside them, or graph outputs, become outputs."""
+        chosen = sorted(set(node_ids))
+        result = self._empty_like(name or f"{self.name}_sub")
+        produced = {o for n in chosen for o in self.nodes[n].outputs if o}
+        for node_id in chosen:
+            for value_name, _ in self._reads(self.nodes[node_id]):
+                if value_name in produced or value_name in result.values:
+                    continue
+                value = self.values.get(value_name)
+                if value is None:
+                    continue  # from an outer scope: stays captured
+                if value.is_shared:
+                    result.add_initializer(value_name, value.const)
+                else:
+                    result.add_input(value_name, value.type)
+        for node_id in chosen:
+            result._copy_node(self.nodes[node_id], self)
+        chosen_set = set(chosen)
+        for value_name in sorted(produced, key=lambda v: self._producer[v]):
+            used_outside = any(n not in chosen_set for n, _ in self._consumers.get(value_name, []))
+            if used_outside or value_name in self.outputs:
+                result.outputs.append(value_name)
+        return result
+
+    @staticmethod
+    def union(graphs: Sequence[Graph], rename: Callable[[int, str], str] | None = None) -> Graph:
+        """One graph holding every instance: instance ``k``'s values are renamed
+        (``i{k}/name`` by default) and its nodes tagged ``instance=k``. Constants with the same
+        name and equal contents in every graph stay one shared value."""
+        if not graphs:
+            raise ValidationError("union of no graphs")
+        rename = rename or (lambda k, name: f"i{k}/{name}")
+        first = graphs[0]
+        result = first._empty_like(f"union_of_{len(graphs)}")
+        for graph in graphs[1:]:
+            for domain, version in graph.opset_imports.items():
+                if result.opset_imports.setdefault(domain, version) != version:
+                    raise ValidationError(
+                        f"cannot unite graphs importing {domain or 'ai.onnx'} at opsets "
+                        f"{result.opset_imports[domain]} and {version}"
+                    )
+            result.functions.update(graph.functions)
+        shared = _common_constants(graphs)
+        for name in sorted(shared):
+            result.add_initializer(name, shared[name])
+        for k, graph in enumerate(graphs):
+            names = {name: (name if name in shared else rename(k, name)) for name in graph.values}
+            for name in graph.inputs:
+                result.add_input(names[name], graph.values[name].type)
+            for name, value in graph.values.items():
+                if value.is_shared and name not in shared:
+                    result.add_initializer(names[name], value.const)
+            for node in graph.topological_order():
+                result._copy_node(node, graph, names, instance=k)
+            result.outputs.extend(names[name] for name in graph.outputs)
+        return result
+
+    def _empty_like(self, name: str) -> Graph:
+        result = Graph(name, self.opset_imports)
+        result.functions = dict(self.functions)
+        result.meta = dict(self.meta)
+        return result
+
+    def _copy_node(self, node: Node, source: Graph, names: Mapping[str, str] | None = None,
+                   instance: int | None = None) -> Node:
+        rename = (lambda v: names.get(v, v) if v else v) if names else (lambda v: v)
+        if names and any(True for _ in node.subgraphs()):
+            renamed_captures = {v for v in captured_names(node) if names.get(v, v) != v}
+            if renamed_captures:
+                raise ValidationError(
+                    f"{node} reads {sorted(renamed_captures)} from inside a subgraph; "
+                    "such nodes cannot be renamed into a union (inline the subgraph first)"
+                )
+        return self.add_node(
+            node.op_type, [rename(v) for v in node.inputs], [rename(v) for v in node.outputs],
+            node.attributes, domain=node.domain, version=node.version,
+            instance=node.instance if instance is None else instance, name=node.name,
+            output_types=[source.values[o].type if o else None for o in node.outputs],
+        )
+
+    # ----------------------------------------------------------------- checks
+    def validate(self, check_types: bool = False) -> None:
+        """Raise ValidationError on dangling inputs, undefined outputs, cycles or unknown ops;
+        with ``check_types``, also on dtype/shape mismatches (ONNX strict shape inference)."""
+        for node in self.nodes.values():
+            for name, index in self._reads(node):
+                if name not in self.values and index != CAPTURED:
+                    raise ValidationError(
+                        f"{node} input {index} reads {name!r}, which no node, graph input or initializer defines"
+                    )
+            self._check_op_known(node)
+        for name in self.outputs:
+            if name not in self.values:
+                raise ValidationError(f"graph output {name!r} is not defined")
+        if not nx.is_directed_acyclic_graph(self.nx):
+            raise ValidationError(f"graph {self.name!r} has a cycle: {self._describe_cycle()}")
+        if check_types:
+            from autobatch.ir.onnx_io import to_onnx
+
+            try:
+                onnx.shape_inference.infer_shapes(to_onnx(self, check=False), check_type=True, strict_mode=True)
+            except onnx.shape_inference.InferenceError as error:
+                raise ValidationError(f"type mismatch in graph {self.name!r}: {error}") from None
+
+    def _check_op_known(self, node: Node) -> None:
+        if (node.domain, node.op_type) in self.functions:
+            return
+        try:
+            onnx.defs.get_schema(node.op_type, node.version, node.domain)
+        except onnx.defs.SchemaError:
+            raise ValidationError(
+                f"{node}: unknown op {node.qualified_op} (domain {node.domain or 'ai.onnx'!r}, opset "
+                f"{node.version}); it is neither a standard op nor a function of this model"
+            ) from None
+
+    def _describe_cycle(self) -> str:
+        edges = nx.find_cycle(self.nx)
+        return " -> ".join(repr(self.nodes[u]) for u, *_ in edges) + f" -> {self.nodes[edges[0][0]]!r}"
+
+    def infer_shapes(self) -> None:
+        """Fill in dtype and shape of every value that ONNX shape inference can derive."""
+        from autobatch.ir.onnx_io import inferred_types, to_onnx
+
+        for name, vtype in inferred_types(to_onnx(self, check=False)).items():
+            value = self.values.get(name)
+            if value is not None and value.const is None:
+                value.type = vtype
+
+    # ----------------------------------------------------------------- display
+    def __str__(self) -> str:
+        def typed(name: str) -> str:
+            value = self.values.get(name)
+            return f"%{name}: {value.type!r}" if value is not None and value.type is not None else f"%{name}"
+
+        lines = [f"graph {self.name} (opsets {self.opset_imports}) {{"]
+        lines += [f"  input  {typed(n)}" for n in self.inputs]
+        for name, value in self.values.items():
+            if value.is_shared:
+                lines.append(f"  shared {typed(name)}")
+        for node in self.topological_order():
+            attrs = ", ".join(f"{k}={_short(node.attr(k))}" for k in sorted(node.attributes))
+            tag = "" if node.instance is None else f"  # instance {node.instance}"
+            lines.append(
+                f"  {', '.join(typed(o) for o in node.outputs if o)} = {node.qualified_op}"
+                f"{'<' + attrs + '>' if attrs else ''}({', '.join('%' + i if i else '' for i in node.inputs)}){tag}"
+            )
+        lines += [f"  output {typed(n)}" for n in self.outputs]
+        lines.append("}")
+        return "\n".join(lines)
+
+    def draw(self, path: str) -> None:
+        """Draw the graph to PNG or SVG (by the file's suffix). Needs matplotlib."""
+        from autobatch.ir.draw import draw_graph
+
+        draw_graph(self, path)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"tensor{list(value.shape)}"
+    if isinstance(value, GraphProto):
+        return f"graph({value.name})"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _common_constants(graphs: Sequence[Graph]) -> dict[str, np.ndarray]:
+    """Constants present under the same name with equal contents in every graph."""
+    first = graphs[0].initializers()
+    common: dict[str, np.ndarray] = {}
+    for name, array in first.items():
+        others = [g.values.get(name) for g in graphs[1:]]
+        if all(v is not None and v.const is not None and _same_array(v.const, array) for v in others):
+            common[name] = array
+    return common
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b))
+
+
+def captured_names(node: Node) -> set[str]:
+    """Values a node's subgraph attributes read from the enclosing scope."""
+    free: set[str] = set()
+    for graph in node.subgraphs():
+        free |= _free_names(graph)
+    return free
+
+
+def _free_names(graph: GraphProto) -> set[str]:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                used |= _free_names(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    used |= _free_names(sub)
+        defined.update(n for n in node.output if n)
+    used.update(v.name for v in graph.output)
+    return used - defined

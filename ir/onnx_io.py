@@ -1,0 +1,288 @@
+"""ONNX import and export: ``from_onnx(model | path | bytes) -> Graph``, ``to_onnx(Graph)``.
+
+Import refuses unsafe or inconsistent input with :class:`OnnxImportError`: bytes that are not
+a model, external tensor data outside the model's own folder, tensors whose declared size does
+not match the data they hold.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, TensorProto, external_data_helper, helper
+
+from autobatch.ir.errors import OnnxImportError, ValidationError
+from autobatch.ir.graph import Graph
+from autobatch.ir.types import ValueType
+
+ModelSource = ModelProto | bytes | str | os.PathLike
+
+
+def load_model(source: ModelSource) -> ModelProto:
+    """Parse and check a model, with its external data read safely from its own folder."""
+    base_dir: Path | None = None
+    if isinstance(source, ModelProto):
+        model = source
+    else:
+        if isinstance(source, bytes):
+            data, what = source, "the given bytes"
+        else:
+            path = Path(source)
+            if not path.is_file():
+                raise OnnxImportError(f"{path}: no such file")
+            data, what, base_dir = path.read_bytes(), str(path), path.resolve().parent
+        model = _parse(data, what)
+    _check_tensor_sizes(model)
+    _load_external_data(model, base_dir)
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as error:
+        raise OnnxImportError(f"invalid ONNX model: {error}") from None
+    return model
+
+
+def _parse(data: bytes, what: str) -> ModelProto:
+    model = ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeWarning) as error:
+        raise OnnxImportError(f"{what} is not an ONNX model (truncated or garbage bytes: {error})") from None
+    if not model.HasField("graph") or not model.opset_import:
+        raise OnnxImportError(f"{what} is not an ONNX model (no graph or no opset_import)")
+    return model
+
+
+def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    """Every tensor of the model: initializers and tensor attributes, in subgraphs and functions too."""
+    yield from external_data_helper._get_all_tensors(model)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto) -> Iterator[TensorProto]:
+    for attr in node.attribute:
+        if attr.HasField("t"):
+            yield attr.t
+        yield from attr.tensors
+        for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            yield from graph.initializer
+            for sub in graph.node:
+                yield from _node_tensors(sub)
+
+
+def _check_tensor_sizes(model: ModelProto) -> None:
+    """Refuse tensors whose dims promise more elements than their data can hold, before any
+    code tries to allocate them."""
+    for tensor in _all_tensors(model):
+        if any(d < 0 for d in tensor.dims):
+            raise OnnxImportError(f"tensor {tensor.name!r} has a negative dimension: {list(tensor.dims)}")
+        if tensor.data_location == TensorProto.EXTERNAL:
+            continue  # checked against the file when it is read
+        declared = int(np.prod(tensor.dims, dtype=object)) if tensor.dims else 1
+        stored = _stored_entries(tensor)
+        # Packed 4-bit types hold two elements a byte; complex types use two entries an element.
+        if declared > 2 * stored:
+            raise OnnxImportError(
+                f"tensor {tensor.name!r} declares shape {list(tensor.dims)} ({declared} elements) "
+                f"but holds data for at most {2 * stored}"
+            )
+
+
+def _stored_entries(tensor: TensorProto) -> int:
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    return sum(
+        len(field)
+        for field in (tensor.float_data, tensor.int32_data, tensor.int64_data, tensor.double_data,
+                      tensor.uint64_data, tensor.string_data)
+    )
+
+
+def _load_external_data(model: ModelProto, base_dir: Path | None) -> None:
+    external = [t for t in _all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
+    if not external:
+        return
+    if base_dir is None:
+        raise OnnxImportError(
+            f"tensor {external[0].name!r} keeps its data in an external file; load the model from its path"
+        )
+    for tensor in external:
+        info = external_data_helper.ExternalDataInfo(tensor)
+        location = Path(info.location)
+        target = (base_dir / location).resolve()
+        if location.is_absolute() or not target.is_relative_to(base_dir):
+            raise OnnxImportError(
+                f"tensor {tensor.name!r}: external data location {info.location!r} is outside the "
+                f"model's folder {str(base_dir)!r}; refused"
+            )
+        if not target.is_file():
+            raise OnnxImportError(f"tensor {tensor.name!r}: external data file {str(target)!r} not found")
+        size = target.stat().st_size
+        offset = info.offset or 0
+        length = info.length if info.length is not None else size - offset
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        declared = int(np.prod(tensor.dims, dtype=object)) * itemsize
+        if offset + length > size or length != declared:
+            raise OnnxImportError(
+                f"tensor {tensor.name!r}: external data asks for {length} bytes at offset {offset} of "
+                f"{str(target)!r} ({size} bytes), shape {list(tensor.dims)} needs {declared}"
+            )
+        with open(target, "rb") as f:
+            f.seek(offset)
+            tensor.raw_data = f.read(length)
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+
+
+def inferred_types(model: ModelProto) -> dict[str, ValueType]:
+    """Types of every value of the main graph that ONNX shape inference can derive."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        inferred = model  # keep the declared types only; the interpreter still runs
+    graph = inferred.graph
+    infos = list(graph.input) + list(graph.value_info) + list(graph.output)
+    return {info.name: ValueType(info.type) for info in infos if info.type.ByteSize()}
+
+
+def from_onnx(source: ModelSource) -> Graph:
+    """Import an ONNX model into the IR. Initializers become shared values."""
+    model = load_model(source)
+    types = inferred_types(model)
+    opsets = {o.domain: o.version for o in model.opset_import}
+    if "ai.onnx" in opsets:  # both spellings name the default domain
+        opsets.setdefault("", opsets.pop("ai.onnx"))
+    graph = Graph(model.graph.name or "graph", opsets)
+    graph.functions = {(f.domain, f.name): f for f in model.functions}
+    graph.meta = {
+        "ir_version": model.ir_version,
+        "producer_name": model.producer_name,
+        "producer_version": model.producer_version,
+        "domain": model.domain,
+        "model_version": model.model_version,
+        "doc_string": model.doc_string,
+        "graph_doc_string": model.graph.doc_string,
+        "metadata_props": {p.key: p.value for p in model.metadata_props},
+    }
+    if model.graph.sparse_initializer:
+        raise OnnxImportError("sparse initializers are not supported; densify them first")
+    initializer_names = set()
+    for tensor in model.graph.initializer:
+        try:
+            array = onnx.numpy_helper.to_array(tensor)
+        except (ValueError, TypeError) as error:
+            raise OnnxImportError(f"initializer {tensor.name!r} cannot be read: {error}") from None
+        graph.add_initializer(tensor.name, array)
+        initializer_names.add(tensor.name)
+    for info in model.graph.input:
+        if info.name not in initializer_names:  # old models list initializers as inputs too
+            graph.add_input(info.name, ValueType(info.type))
+    for proto in model.graph.node:
+        domain = "" if proto.domain == "ai.onnx" else proto.domain
+        try:
+            graph.add_node(
+                proto.op_type, list(proto.input), list(proto.output),
+                {a.name: a for a in proto.attribute}, domain=domain,
+                version=opsets.get(domain, 1), name=proto.name,
+                output_types=[types.get(o) for o in proto.output],
+            )
+        except ValidationError as error:
+            raise OnnxImportError(f"node {proto.name or proto.op_type!r}: {error}") from None
+    for info in model.graph.output:
+        graph.add_output(info.name)
+        value = graph.values[info.name]
+        if info.type.ByteSize() and value.const is None:
+            value.type = ValueType(info.type)
+    graph.validate()
+    return graph
+
+
+def to_onnx(graph: Graph, check: bool = True) -> ModelProto:
+    """Export the IR as an ONNX model that ``onnx.checker`` accepts and onnxruntime loads."""
+
+    def info(name: str) -> onnx.ValueInfoProto:
+        value = graph.values[name]
+        if value.type is None:
+            return helper.make_empty_tensor_value_info(name)
+        return helper.make_value_info(name, value.type.proto)
+
+    nodes = []
+    for node in graph.topological_order():
+        proto = helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name or None,
+                                 domain=node.domain or None)
+        proto.attribute.extend(node.attributes.values())
+        nodes.append(proto)
+    io_names = set(graph.inputs) | set(graph.outputs)
+    value_info = [
+        info(name) for name, value in graph.values.items()
+        if name not in io_names and value.const is None and value.type is not None
+    ]
+    initializers = [onnx.numpy_helper.from_array(array, name) for name, array in graph.initializers().items()]
+    proto_graph = helper.make_graph(
+        nodes, graph.name, [info(n) for n in graph.inputs], [info(n) for n in graph.outputs],
+        initializer=initializers, value_info=value_info, doc_string=graph.meta.get("graph_doc_string") or None,
+    )
+    opsets = [helper.make_opsetid(domain, version) for domain, version in sorted(graph.opset_imports.items())]
+    model = helper.make_model(proto_graph, opset_imports=opsets, functions=list(graph.functions.values()))
+    meta = graph.meta
+    for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        if meta.get(field):
+            setattr(model, field, meta[field])
+    helper.set_model_props(model, meta.get("metadata_props", {}))
+    model.ir_version = choose_ir_version(model, meta.get("ir_version"))
+    _type_untyped_outputs(model)
+    if check:
+        onnx.checker.check_model(model)
+    return model
+
+
+def _type_untyped_outputs(model: ModelProto) -> None:
+    """Graph outputs must carry a type in ONNX; take it from shape inference where it is missing."""
+    untyped = [o for o in model.graph.output if not o.type.ByteSize()]
+    if not untyped:
+        return
+    types = inferred_types(model)
+    for output in untyped:
+        if output.name in types:
+            output.type.CopyFrom(types[output.name].proto)
+
+
+def choose_ir_version(model: ModelProto, original: int | None) -> int:
+    """The model's own IR version, raised to what its opsets need, and lowered to what the
+    installed onnxruntime accepts."""
+    needed = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if model.functions:
+        needed = max(needed, 8)  # model-local functions arrived with IR 8
+    wanted = max(needed, original or needed)
+    return max(needed, min(wanted, max_onnxruntime_ir_version()))
+
+
+@functools.cache
+def max_onnxruntime_ir_version() -> int:
+    """The highest IR version the installed onnxruntime loads (probed once: onnxruntime
+    exposes no constant for it); onnx's own when onnxruntime is absent."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return onnx.IR_VERSION
+    for version in range(onnx.IR_VERSION, 3, -1):
+        probe = helper.make_model(
+            helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]),
+            opset_imports=[helper.make_opsetid("", 13)],
+        )
+        probe.ir_version = version
+        try:
+            onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+            return version
+        except Exception:  # onnxruntime raises its own Fail type for an unsupported IR version
+            continue
+    return onnx.IR_VERSION

@@ -1,0 +1,94 @@
+"""Value types: ONNX TypeProto kept as-is, with fast dtype/shape views for tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TypeProto, helper
+
+# A dimension is a known size, a symbolic name, or unknown.
+Dim = int | str | None
+Shape = tuple[Dim, ...]
+
+
+class ValueType:
+    """The type of one IR value.
+
+    Invariant: ``proto`` is the authoritative ONNX type; ``elem_type``, ``dtype`` and
+    ``shape`` are derived from it once (``shape`` is None when the rank is unknown or the
+    value is not a tensor).
+    """
+
+    __slots__ = ("proto", "elem_type", "shape")
+
+    def __init__(self, proto: TypeProto) -> None:
+        self.proto = proto
+        self.elem_type: int | None = None
+        self.shape: Shape | None = None
+        if proto.HasField("tensor_type"):
+            tensor = proto.tensor_type
+            self.elem_type = tensor.elem_type or None
+            if tensor.HasField("shape"):
+                self.shape = tuple(_dim(d) for d in tensor.shape.dim)
+
+    @classmethod
+    def tensor(cls, elem_type: int | np.dtype | type, shape: Sequence[Dim] | None) -> ValueType:
+        if not isinstance(elem_type, int):
+            elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(elem_type))
+        return cls(helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape)))
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.proto.HasField("tensor_type")
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        if self.elem_type is None:
+            return None
+        return helper.tensor_dtype_to_np_dtype(self.elem_type)
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ValueType) and self.proto == other.proto
+
+    def __hash__(self) -> int:
+        return hash((self.elem_type, self.shape))
+
+    def __repr__(self) -> str:
+        if not self.is_tensor:
+            return onnx.printer.to_text(self.proto) if hasattr(onnx, "printer") else str(self.proto)
+        name = onnx.TensorProto.DataType.Name(self.elem_type) if self.elem_type else "?"
+        if self.shape is None:
+            return f"{name}[...]"
+        return f"{name}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
+
+
+def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
+    if d.HasField("dim_value"):
+        return d.dim_value
+    if d.HasField("dim_param"):
+        return d.dim_param
+    return None
+
+
+def type_of_array(array: np.ndarray) -> ValueType:
+    return ValueType.tensor(array.dtype, array.shape)
+
+
+def accepts(declared: ValueType, array: np.ndarray) -> str | None:
+    """Why ``array`` does not fit ``declared``, or None when it does."""
+    if declared.elem_type is not None and declared.dtype != array.dtype:
+        return f"dtype {array.dtype} where {declared.dtype} is declared"
+    if declared.shape is None:
+        return None
+    if len(declared.shape) != array.ndim:
+        return f"shape {array.shape} where rank {len(declared.shape)} {declared!r} is declared"
+    for want, got in zip(declared.shape, array.shape):
+        if isinstance(want, int) and want != got:
+            return f"shape {array.shape} where {declared!r} is declared"
+    return None
