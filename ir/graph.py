@@ -146,6 +146,9 @@ class Graph:
         self._producer: dict[str, tuple[int, int]] = {}
         self._consumers: dict[str, list[tuple[int, int]]] = {}
         self._next_id = 0
+        # True while every edge runs from an older node to a newer one: then id order is a
+        # topological order and no sort is needed.
+        self._ids_in_order = True
 
     # ----------------------------------------------------------------- building
     def add_input(self, name: str, type: ValueType | None) -> Value:
@@ -188,6 +191,9 @@ class Graph:
                 continue
             self._new_value(output, vtype)
             self._producer[output] = (node.id, index)
+            for reader, input_index in self._consumers.get(output, []):  # read before defined
+                self.nx.add_edge(node.id, reader, key=(index, input_index), value=output)
+                self._ids_in_order = False
         self._next_id += 1
         self.nodes[node.id] = node
         self.nx.add_node(node.id)
@@ -205,6 +211,14 @@ class Graph:
                 if output:
                     del self._producer[output]
                     del self.values[output]
+
+    def prune_unused_constants(self) -> int:
+        """Drop shared constants that nothing reads; returns how many."""
+        unused = [name for name, value in self.values.items()
+                  if value.is_shared and not self._consumers.get(name) and name not in self.outputs]
+        for name in unused:
+            del self.values[name]
+        return len(unused)
 
     def _new_value(self, name: str, type: ValueType | None, const: np.ndarray | None = None) -> Value:
         if not name:
@@ -233,12 +247,17 @@ class Graph:
         source = self._producer.get(value)
         return None if source is None else (self.nodes[source[0]], source[1])
 
+    def consumer_count(self, value: str) -> int:
+        return len(self._consumers.get(value, ()))
+
     def consumers(self, value: str) -> list[tuple[Node, int]]:
         """(node, input index) for every read of ``value``; index ``CAPTURED`` for subgraph reads."""
         return [(self.nodes[n], i) for n, i in self._consumers.get(value, [])]
 
     def topological_order(self) -> list[Node]:
         """Nodes in a dependency order that is deterministic: ties go to the older node."""
+        if self._ids_in_order:
+            return list(self.nodes.values())  # insertion order: ids ascend
         try:
             order = nx.lexicographical_topological_sort(self.nx)
             return [self.nodes[n] for n in order]

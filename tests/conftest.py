@@ -1,0 +1,23 @@
+"""Shared fixtures, and the conformance count printed at the end of every run."""
+
+from __future__ import annotations
+
+import pytest
+
+CONFORMANCE_MODULE = "test_onnx_conformance.py"
+_conformance = {"passed": 0, "failed": 0}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and CONFORMANCE_MODULE in report.nodeid and report.nodeid.endswith("_cpu"):
+        _conformance["passed" if report.passed else "failed"] += report.failed or report.passed
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _conformance["passed"] or _conformance["failed"]:
+        from tests.test_onnx_conformance import TOTAL_CASES
+
+        terminalreporter.write_line(
+            f"ONNX backend node conformance (NumpyBackend): {_conformance['passed']} passed of "
+            f"{TOTAL_CASES} cases ({_conformance['failed']} failed, the rest excluded)"
+        )
