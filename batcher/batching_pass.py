@@ -1,0 +1,84 @@
+"""Batching as a graph pass: ``BatchingPass(scheduler)(graph) -> PassResult(graph, modified)``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from autobatch.batcher.problem import UNBATCHABLE, build_problem
+from autobatch.batcher.rewrite import Rewriter, has_rule
+from autobatch.batcher.schedulers import get_scheduler
+from autobatch.ir import Graph
+
+
+@dataclass
+class BatchReport:
+    """What one batching run did. ``launches`` counts batched ops plus nodes run alone;
+    ``lower_bound`` is ED-Batch's bound for the same graph."""
+
+    scheduler: str
+    nodes: int
+    launches: int
+    lower_bound: int
+    fallback_nodes: int
+    gathers: int
+    gathers_avoided: int
+    merged_duplicates: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.launches / self.lower_bound if self.lower_bound else 1.0
+
+    def __str__(self) -> str:
+        timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
+        return (
+            f"{self.nodes} nodes -> {self.launches} launches ({self.scheduler}); lower bound "
+            f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time "
+            f"(no rule); {self.gathers} gathers, {self.gathers_avoided} avoided; "
+            f"{self.merged_duplicates} duplicates merged" + (f"; {timing}" if timing else "")
+        )
+
+
+@dataclass
+class PassResult:
+    graph: Graph
+    modified: bool
+    report: BatchReport
+
+
+class BatchingPass:
+    """Groups same-signature nodes of a graph (usually the union of many instances) and
+    rewrites each group into one batched op."""
+
+    def __init__(self, scheduler: str = "level") -> None:
+        self.scheduler_name = scheduler
+        self.scheduler = get_scheduler(scheduler)
+
+    def __call__(self, graph: Graph) -> PassResult:
+        seconds: dict[str, float] = {}
+        start = time.perf_counter()
+        if any(graph.values[o].type is None for n in graph.nodes.values() for o in n.outputs if o):
+            graph.infer_shapes()
+        problem = build_problem(graph, lambda node: has_rule(graph, node))
+        seconds["analyse"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        schedule = self.scheduler(problem)
+        seconds["schedule"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        rewriter = Rewriter(graph)
+        for group in schedule:
+            members = [graph.nodes[problem.node_ids[i]] for i in group]
+            rewriter.run_group(members, batchable=problem.sig[group[0]] != UNBATCHABLE)
+        batched = rewriter.finish()
+        seconds["rewrite"] = time.perf_counter() - start
+
+        stats = rewriter.stats
+        report = BatchReport(
+            self.scheduler_name, problem.size, len(schedule), problem.lower_bound(),
+            int((problem.sig == UNBATCHABLE).sum()), stats.gathers, stats.gathers_avoided,
+            stats.merged_duplicates, seconds,
+        )
+        return PassResult(batched, modified=len(schedule) < problem.size, report=report)

@@ -1,0 +1,98 @@
+"""Node signatures: two nodes may run as one batched op iff their signatures are equal.
+
+A signature is a complete, hashable tuple: (domain, op_type, opset version, every attribute,
+and per input either ("data", dtype, shape) for a per-instance value or ("shared", name) for a
+shared one). Groups compare these tuples, never hashes alone (DyNet's bugs came from fields
+left out of a hashed signature).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import AttributeProto
+
+from autobatch.ir import Graph, Node
+
+Signature = tuple
+
+
+def is_shared(graph: Graph, value_name: str) -> bool:
+    """A value every member of a group may read as-is: a constant read by several nodes (a
+    weight, an axes list), or a value computed outside any instance. A constant read by one
+    node only is that node's literal (a word index, a label): per-instance data, so that
+    nodes differing only in such literals still batch (their literals are stacked once, at
+    rewrite time)."""
+    value = graph.values[value_name]
+    if value.is_shared:
+        return graph.consumer_count(value_name) > 1
+    source = graph.producer(value_name)
+    if source is None:
+        return False  # a graph input belongs to one instance
+    return source[0].instance is None
+
+
+def node_signature(graph: Graph, node: Node) -> Signature | None:
+    """The node's signature, or None when it cannot be batched (types unknown or not static)."""
+    inputs: list[tuple] = []
+    for name in node.inputs:
+        if not name:
+            inputs.append(("missing",))
+        elif is_shared(graph, name):
+            inputs.append(("shared", name))
+        else:
+            vtype = graph.values[name].type
+            if vtype is None or not vtype.is_tensor or not vtype.is_static:
+                return None
+            inputs.append(("data", vtype.elem_type, vtype.shape))
+    for name in node.outputs:
+        vtype = graph.values[name].type if name else None
+        if name and (vtype is None or not vtype.is_tensor or not vtype.is_static):
+            return None
+    attributes = tuple(sorted((name, _hashable(proto)) for name, proto in node.attributes.items()))
+    return (node.domain, node.op_type, node.version, attributes, tuple(inputs), len(node.outputs))
+
+
+def _hashable(proto: AttributeProto) -> Any:
+    kind = proto.type
+    if kind == AttributeProto.FLOAT:
+        return ("f", proto.f)
+    if kind == AttributeProto.INT:
+        return ("i", proto.i)
+    if kind == AttributeProto.STRING:
+        return ("s", proto.s)
+    if kind == AttributeProto.FLOATS:
+        return ("fs", tuple(proto.floats))
+    if kind == AttributeProto.INTS:
+        return ("is", tuple(proto.ints))
+    if kind == AttributeProto.STRINGS:
+        return ("ss", tuple(proto.strings))
+    # Tensors, graphs, type protos and their lists: compare their exact serialized bytes.
+    return (AttributeProto.AttributeType.Name(kind), proto.SerializeToString(deterministic=True))
+
+
+def signatures(graph: Graph) -> dict[int, Signature | None]:
+    return {node_id: node_signature(graph, node) for node_id, node in graph.nodes.items()}
+
+
+def describe(signature: Signature | None) -> str:
+    if signature is None:
+        return "unbatchable"
+    domain, op_type, version, attributes, inputs, _ = signature
+    parts = []
+    for entry in inputs:
+        if entry[0] == "data":
+            parts.append(f"{np.dtype(_np_dtype(entry[1]))}{list(entry[2])}")
+        elif entry[0] == "shared":
+            parts.append(f"shared:{entry[1]}")
+        else:
+            parts.append("-")
+    op = f"{domain}::{op_type}" if domain else op_type
+    return f"{op}-{version}({', '.join(parts)})" + (f" {len(attributes)} attrs" if attributes else "")
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    from onnx import helper
+
+    return helper.tensor_dtype_to_np_dtype(elem_type)
