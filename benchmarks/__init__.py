@@ -1,0 +1,1 @@
+"""Benchmarks (scripts, not tests): run with ``python -m benchmarks.<name>``."""
