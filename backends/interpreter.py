@@ -56,8 +56,10 @@ class Interpreter:
         kernel = self._kernel(node)
         if kernel is None:
             return reference.implementation(node)
+        # Trailing outputs named "" are not wanted: kernels may skip computing them.
+        wanted = max((i + 1 for i, name in enumerate(node.outputs) if name), default=0)
         ctx = kernels.NodeContext({name: node.attr(name) for name in node.attributes},
-                                  len(node.outputs), node.op_type, node.name)
+                                  wanted, node.op_type, node.name)
 
         def run(inputs: list[Any], _context: dict[str, Any]) -> list[Any]:
             result = kernel(ctx, *inputs)
@@ -87,6 +89,7 @@ class Interpreter:
         env: dict[str, Any] = {"": None}
         env.update(self.graph.initializers())
         env.update(self.check_feeds(feeds))
+        given = {id(value) for value in env.values()}
         for node, impl, dead in zip(self.order, self.impls, self._free_after):
             inputs = [env[name] if name else None for name in node.inputs]
             outputs = self.run_node(node, impl, inputs, env)
@@ -99,7 +102,7 @@ class Interpreter:
         missing = [name for name in wanted if name not in env]
         if missing:
             raise FeedError(f"unknown output(s) {missing}; the graph's outputs are {self.graph.outputs}")
-        return [env[name] for name in wanted]
+        return [_owned(env[name], given) for name in wanted]
 
     def run_node(self, node: Node, impl: NodeImpl, inputs: list[Any], env: dict[str, Any]) -> list[Any]:
         """Run one node; override to observe or replace execution."""
@@ -130,6 +133,14 @@ class Interpreter:
                     raise FeedError(f"input {name!r}: {problem}")
             checked[name] = value
         return checked
+
+
+def _owned(value: Any, given: set[int]) -> Any:
+    """Kernels may return views of their inputs (or the very input, for Identity); a result
+    handed to the caller must not alias a weight or a feed that the caller could then change."""
+    if isinstance(value, np.ndarray) and (id(value) in given or not (value.flags.owndata and value.flags.writeable)):
+        return value.copy()
+    return value
 
 
 def describe(values: Sequence[Any]) -> str:

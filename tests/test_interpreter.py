@@ -99,3 +99,18 @@ def test_model_local_function_runs():
     """)
     (y,) = NumpyBackend.prepare(model).run([np.array([1, 2, 3], np.float32)])
     assert y.tolist() == [1, 8, 27]
+
+
+def test_outputs_never_alias_weights_or_feeds():
+    model = onnx.parser.parse_model("""
+    <ir_version: 9, opset_import: ["" : 18]>
+    g (float[2] x) => (float[2] a, float[2] b) <float[2] w = {1, 2}> { a = Identity(w)  b = Identity(x) }
+    """)
+    rep = NumpyBackend.prepare(model)
+    x = np.array([5, 6], np.float32)
+    a, b = rep.run([x])
+    a[:] = 0
+    b[:] = 0
+    assert x.tolist() == [5, 6]
+    again, _ = rep.run([x])
+    assert again.tolist() == [1, 2]

@@ -4,17 +4,21 @@
    kernel runs on that kernel and is compared with the stored outputs by the ONNX runner's own
    rule (same shape, same dtype, assert_allclose with the case's rtol/atol).
 2. Targeted checks against ``onnx.reference.ReferenceEvaluator`` on random data for what the
-   suite barely covers: float32 kept by the heavy ops, Conv/pool configurations, RNN options,
-   and the older opset versions with different semantics.
+   suite barely covers: float32/float16/bfloat16 kept by the heavy ops, Conv/pool
+   configurations, RNN options, and the older opset versions with different semantics (where
+   onnx.reference itself is wrong, against the formula instead).
+3. Whole CNNs of onnx/backend/test/data/light, with random weights, against onnxruntime.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -188,8 +192,6 @@ def test_float32_kept(case: str) -> None:
 def test_low_precision_float_kept(case: str, dtype: str) -> None:
     """float16/bfloat16 results keep their type (ml_dtypes promotes bfloat16 in mixed
     arithmetic) and stay close to the float32 results."""
-    import ml_dtypes
-
     low = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
     op_type, opset, inputs, attrs = FLOAT32_CASES[case]
     node = make_node(op_type, inputs, **attrs)
@@ -219,13 +221,14 @@ def test_conv_against_reference(x_shape: tuple[int, ...], w_shape: tuple[int, ..
 
 
 def test_conv_im2col_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tiny blocks (per row, per sample) give the same result as one block."""
+    """Blocks of one output row, two rows, two samples give the same result as one block."""
     from autobatch.backends.kernels import conv
 
     inputs = [random(3, 4, 9, 9), random(6, 2, 3, 3), random(6)]
-    node = make_node("Conv", inputs, group=2, pads=[1, 1, 1, 1], strides=[2, 1])
+    node = make_node("Conv", inputs, group=2, pads=[1, 1, 1, 1], strides=[2, 1])  # output 5 x 9
     whole = run_kernel(node, 22, inputs)[0]
-    for block in (1, 4 * 9 * 9 * 9 * 2):
+    row = 9 * 4 * 9  # im2col elements of one output row: width * channels * taps
+    for block in (1, 2 * row, 2 * 5 * row):
         monkeypatch.setattr(conv, "_IM2COL_BLOCK", block)
         np.testing.assert_allclose(run_kernel(node, 22, inputs)[0], whole, rtol=1e-6, atol=1e-6)
 
@@ -454,8 +457,6 @@ def test_sigmoid_and_softplus_do_not_overflow() -> None:
 
 
 def test_erf_is_exact_in_float64() -> None:
-    import math
-
     x = np.linspace(-5, 5, 101)
     y = run_kernel(make_node("Erf", [x]), 13, [x])[0]
     assert y.dtype == np.float64

@@ -82,11 +82,18 @@ def elu(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
     return _like(_elu(x, ctx.get("alpha", 1.0)), x)
 
 
-@kernel("Selu", 1, 6, 22)
+def _selu(ctx: NodeContext, x: np.ndarray, alpha: float, gamma: float) -> np.ndarray:
+    return _like(ctx.get("gamma", gamma) * _elu(x, ctx.get("alpha", alpha)), x)
+
+
+@kernel("Selu", 1)
+def selu_v1(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
+    return _selu(ctx, x, 1.6732, 1.0507)  # opset 1 had shorter defaults
+
+
+@kernel("Selu", 6, 22)
 def selu(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
-    alpha = ctx.get("alpha", 1.67326319217681884765625)
-    gamma = ctx.get("gamma", 1.05070102214813232421875)
-    return _like(gamma * _elu(x, alpha), x)
+    return _selu(ctx, x, 1.67326319217681884765625, 1.05070102214813232421875)
 
 
 @kernel("HardSigmoid", 1, 6, 22)
@@ -106,7 +113,9 @@ def _clip(x: np.ndarray, low: object, high: object) -> np.ndarray:
 
 @kernel("Clip", 1, 6)
 def clip_attrs(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
-    return _clip(x, ctx.get("min"), ctx.get("max"))
+    # The defaults are the type's lowest/highest values (so +-inf are clamped to them).
+    info = np.finfo(x.dtype)
+    return _clip(x, ctx.get("min", info.min), ctx.get("max", info.max))
 
 
 @kernel("Clip", 11, 12, 13)
