@@ -11,44 +11,75 @@ import numpy as np
 from onnx import ModelProto
 
 from autobatch.backends import FeedError, Interpreter
+from autobatch.backends.interpreter import check_feeds
+from autobatch.backends.ort_backend import OrtBackendRep
+from autobatch.backends.ort_executor import OrtExecutor
+from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher import BatchingPass, BatchReport
 from autobatch.batcher.fold import constants_to_initializers
 from autobatch.ir import Graph, ValueType, from_onnx
 
 BACKENDS = ("numpy", "onnxruntime")
+# A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
+WHOLE_PLAN_AFTER = 2
 
 
 @dataclass
 class SessionStats:
-    """The last ``run_batch``: its batching report and the seconds spent in each phase."""
+    """The last ``run_batch``: its batching report, what ran, and seconds per phase."""
 
     instances: int
     report: BatchReport
+    plan_cached: bool = False
+    launches: int = 0
+    sessions_created: int = 0
+    cache_hits: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def copies_avoided(self) -> int:
+        return self.report.gathers_avoided
 
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
-        return f"{self.instances} instances: {self.report}; {timing}"
+        cached = " (cached plan)" if self.plan_cached else ""
+        return (f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed, "
+                f"{self.sessions_created} sessions created, {self.cache_hits} cache hits; {timing}")
+
+
+@dataclass
+class _Plan:
+    """A batched graph and what runs it, kept for the next batch of the same structure."""
+
+    report: BatchReport
+    graph: Graph
+    runner: Interpreter | OrtExecutor
+    uses: int = 0
 
 
 class InferenceSession:
     """Like ``onnxruntime.InferenceSession``, plus ``run_batch`` for many instances at once.
 
     Instances may differ in input shapes where the model allows it; then only nodes whose
-    signatures agree are batched together.
+    signatures agree are batched together. A batch whose instances have the same input
+    shapes as an earlier one reuses that batch's plan.
     """
 
-    def __init__(self, model: ModelProto | Graph | bytes | str, backend: str = "numpy", scheduler: str = "level") -> None:
+    def __init__(self, model: ModelProto | Graph | bytes | str, backend: str = "numpy", scheduler: str = "level",
+                 providers: Sequence[str] | None = None, threads: int = 0) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-        if backend == "onnxruntime":
-            raise NotImplementedError("backend='onnxruntime' arrives with the onnxruntime backend; use 'numpy'")
         self.graph = model if isinstance(model, Graph) else from_onnx(model)
         self.backend = backend
         self.batching = BatchingPass(scheduler)
         self.stats: SessionStats | None = None
-        self._single = Interpreter(self.graph)
         self._typed: dict[tuple, Graph] = {}
+        self._plans: dict[tuple, _Plan] = {}
+        if backend == "onnxruntime":
+            self.cache = SessionCache(providers, threads)
+            self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
+        else:
+            self._single = Interpreter(self.graph)
 
     def get_inputs(self) -> list[str]:
         return list(self.graph.inputs)
@@ -58,6 +89,9 @@ class InferenceSession:
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         """One instance, unbatched."""
+        if self.backend == "onnxruntime":
+            outputs = dict(zip(self.graph.outputs, self._single.run(dict(feeds))))
+            return [outputs[name] for name in self._output_names(output_names)]
         return self._single.run(feeds, output_names)
 
     def run_batch(self, output_names: Sequence[str] | None,
@@ -65,40 +99,60 @@ class InferenceSession:
         """Many instances, batched; result ``[i][j]`` is output j of instance i."""
         if not feeds_list:
             return []
-        names = list(output_names) if output_names is not None else self.graph.outputs
+        names = self._output_names(output_names)
+        seconds: dict[str, float] = {}
+        start = time.perf_counter()
+        checked = []
+        for k, feeds in enumerate(feeds_list):
+            try:
+                checked.append(check_feeds(self.graph, feeds))
+            except FeedError as error:
+                raise FeedError(f"instance {k}: {error}") from None
+        key = tuple(_input_signature(feeds) for feeds in checked)
+        plan = self._plans.get(key)
+        cached = plan is not None
+        if plan is None:
+            union = Graph.union([self._typed_graph(feeds) for feeds in checked])
+            seconds["build"] = time.perf_counter() - start
+            result = self.batching(union)
+            seconds.update(result.report.seconds)
+            start = time.perf_counter()
+            plan = self._plans[key] = _Plan(result.report, result.graph, self._runner(result.graph, whole=False))
+            seconds["prepare"] = time.perf_counter() - start
+        plan.uses += 1
+        if self.backend == "onnxruntime" and plan.uses == WHOLE_PLAN_AFTER:
+            plan.runner = self._runner(plan.graph, whole=True)
+        before = (self.cache.stats.sessions_created, self.cache.stats.cache_hits) if self.backend == "onnxruntime" else (0, 0)
+        start = time.perf_counter()
+        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
+        flat = plan.runner.run(union_feeds, [f"i{k}/{name}" for k in range(len(checked)) for name in names])
+        seconds["execute"] = time.perf_counter() - start
+        self.stats = SessionStats(len(checked), plan.report, cached, seconds=seconds)
+        if isinstance(plan.runner, OrtExecutor):
+            self.stats.launches = plan.runner.stats.launches
+            self.stats.sessions_created = self.cache.stats.sessions_created - before[0]
+            self.stats.cache_hits = self.cache.stats.cache_hits - before[1]
+        else:
+            self.stats.launches = len(plan.runner.order)
+        width = len(names)
+        return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
+
+    def _runner(self, graph: Graph, whole: bool) -> Interpreter | OrtExecutor:
+        if self.backend == "onnxruntime":
+            return OrtExecutor(graph, self.cache, whole=whole or None)
+        return Interpreter(graph)
+
+    def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
+        names = list(output_names) if output_names is not None else list(self.graph.outputs)
         unknown = [n for n in names if n not in self.graph.outputs]
         if unknown:
             raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {self.graph.outputs}")
-        seconds: dict[str, float] = {}
-        start = time.perf_counter()
-        instances = []
-        for k, feeds in enumerate(feeds_list):
-            try:
-                instances.append(self._typed_graph(self._single.check_feeds(feeds)))
-            except FeedError as error:
-                raise FeedError(f"instance {k}: {error}") from None
-        union = Graph.union(instances)
-        seconds["build"] = time.perf_counter() - start
-
-        result = self.batching(union)
-        seconds.update(result.report.seconds)
-
-        start = time.perf_counter()
-        interpreter = Interpreter(result.graph)
-        seconds["prepare"] = time.perf_counter() - start
-        start = time.perf_counter()
-        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(feeds_list) for name, value in feeds.items()}
-        wanted = [f"i{k}/{name}" for k in range(len(feeds_list)) for name in names]
-        flat = interpreter.run(union_feeds, wanted)
-        seconds["execute"] = time.perf_counter() - start
-        self.stats = SessionStats(len(feeds_list), result.report, seconds)
-        width = len(names)
-        return [flat[k * width:(k + 1) * width] for k in range(len(feeds_list))]
+        return names
 
     def _typed_graph(self, feeds: Mapping[str, Any]) -> Graph:
         """The model with its inputs' concrete types and every value's shape inferred, cached
         per distinct input signature."""
-        key = tuple((name, np.asarray(v).dtype.str, np.shape(v)) for name, v in sorted(feeds.items()))
+        key = _input_signature(feeds)
         graph = self._typed.get(key)
         if graph is None:
             graph = Graph.union([self.graph], rename=lambda _k, name: name)
@@ -108,3 +162,7 @@ class InferenceSession:
             graph.infer_shapes()
             self._typed[key] = graph
         return graph
+
+
+def _input_signature(feeds: Mapping[str, Any]) -> tuple:
+    return tuple((name, np.asarray(v).dtype.str, np.shape(v)) for name, v in sorted(feeds.items()))

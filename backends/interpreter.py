@@ -117,22 +117,26 @@ class Interpreter:
         return outputs
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        graph = self.graph
-        unknown = sorted(set(feeds) - set(graph.inputs))
-        if unknown:
-            raise FeedError(f"unknown input(s) {unknown}; the graph's inputs are {graph.inputs}")
-        missing = [name for name in graph.inputs if name not in feeds]
-        if missing:
-            raise FeedError(f"missing input(s) {missing}")
-        checked: dict[str, Any] = {}
-        for name in graph.inputs:
-            value, declared = feeds[name], graph.values[name].type
-            if isinstance(value, np.ndarray) and declared is not None and declared.is_tensor:
-                problem = accepts(declared, value)
-                if problem:
-                    raise FeedError(f"input {name!r}: {problem}")
-            checked[name] = value
-        return checked
+        return check_feeds(self.graph, feeds)
+
+
+def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """The feeds, in graph-input order, once every name, dtype and shape fits the graph."""
+    unknown = sorted(set(feeds) - set(graph.inputs))
+    if unknown:
+        raise FeedError(f"unknown input(s) {unknown}; the graph's inputs are {graph.inputs}")
+    missing = [name for name in graph.inputs if name not in feeds]
+    if missing:
+        raise FeedError(f"missing input(s) {missing}")
+    checked: dict[str, Any] = {}
+    for name in graph.inputs:
+        value, declared = feeds[name], graph.values[name].type
+        if isinstance(value, np.ndarray) and declared is not None and declared.is_tensor:
+            problem = accepts(declared, value)
+            if problem:
+                raise FeedError(f"input {name!r}: {problem}")
+        checked[name] = value
+    return checked
 
 
 def _owned(value: Any, given: set[int]) -> Any:
@@ -143,13 +147,15 @@ def _owned(value: Any, given: set[int]) -> Any:
     return value
 
 
-def describe(values: Sequence[Any]) -> str:
+def describe(values: Sequence[Any], limit: int = 8) -> str:
     parts = []
-    for value in values:
+    for value in values[:limit]:
         if value is None:
             parts.append("None")
         elif isinstance(value, np.ndarray):
             parts.append(f"{value.dtype}{list(value.shape)}")
         else:
             parts.append(type(value).__name__)
+    if len(values) > limit:
+        parts.append(f"... {len(values) - limit} more")
     return "(" + ", ".join(parts) + ")"

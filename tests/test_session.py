@@ -31,9 +31,14 @@ def feeds(lengths, seed=0):
              "b": rng.standard_normal(4).astype(np.float32)} for n in lengths]
 
 
+@pytest.fixture(params=["numpy", "onnxruntime"])
+def backend(request):
+    return request.param
+
+
 @pytest.mark.parametrize("scheduler", ["depth", "agenda", "level"])
-def test_run_batch_equals_run_alone_for_different_lengths(scheduler):
-    session = autobatch.InferenceSession(MODEL, scheduler=scheduler)
+def test_run_batch_equals_run_alone_for_different_lengths(scheduler, backend):
+    session = autobatch.InferenceSession(MODEL, backend=backend, scheduler=scheduler)
     instances = feeds([2, 3, 2, 2, 5, 3])
     batched = session.run_batch(None, instances)
     for instance, outputs in zip(instances, batched, strict=True):
@@ -45,8 +50,8 @@ def test_run_batch_equals_run_alone_for_different_lengths(scheduler):
     assert report.fallback_nodes == 0
 
 
-def test_stats_describe_the_last_run():
-    session = autobatch.InferenceSession(MODEL)
+def test_stats_describe_the_last_run(backend):
+    session = autobatch.InferenceSession(MODEL, backend=backend)
     session.run_batch(["s"], feeds([2, 2, 2, 2]))
     stats = session.stats
     assert stats.instances == 4
@@ -55,10 +60,36 @@ def test_stats_describe_the_last_run():
     assert stats.report.nodes == 20 and stats.report.launches == 5 == stats.report.lower_bound
     assert {"build", "analyse", "schedule", "rewrite", "prepare", "execute"} <= set(stats.seconds)
     assert "launches" in str(stats)
+    assert not stats.plan_cached
 
 
-def test_selected_outputs_and_order():
-    session = autobatch.InferenceSession(MODEL)
+def test_a_repeated_plan_is_reused(backend):
+    session = autobatch.InferenceSession(MODEL, backend=backend)
+    first = feeds([2, 3, 2])
+    expected = session.run_batch(None, first)
+    assert not session.stats.plan_cached
+    for seed in (1, 2, 3):  # same shapes, new values
+        again = feeds([2, 3, 2], seed=seed)
+        got = session.run_batch(None, again)
+        assert session.stats.plan_cached and "build" not in session.stats.seconds
+        for instance, outputs in zip(again, got):
+            for alone, value in zip(session.run(None, instance), outputs):
+                np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+    if backend == "onnxruntime":  # from the second use on: one whole-plan session call
+        assert session.stats.launches == 1 and session.stats.sessions_created == 0
+    assert len(expected) == 3
+
+
+def test_onnxruntime_segments_are_cached_across_plans():
+    session = autobatch.InferenceSession(MODEL, backend="onnxruntime")
+    session.run_batch(None, feeds([2, 3]))
+    created = session.cache.stats.sessions_created
+    session.run_batch(None, feeds([4, 5, 4]))  # another plan, same kinds of segments
+    assert session.stats.sessions_created < created or session.stats.cache_hits > 0
+
+
+def test_selected_outputs_and_order(backend):
+    session = autobatch.InferenceSession(MODEL, backend=backend)
     instances = feeds([3, 1])
     batched = session.run_batch(["s", "y"], instances)
     for instance, (s, y) in zip(instances, batched):
@@ -67,8 +98,8 @@ def test_selected_outputs_and_order():
         np.testing.assert_allclose(y, alone_y, rtol=1e-5, atol=1e-6)
 
 
-def test_bad_instance_is_named():
-    session = autobatch.InferenceSession(MODEL)
+def test_bad_instance_is_named(backend):
+    session = autobatch.InferenceSession(MODEL, backend=backend)
     instances = feeds([2, 2])
     instances[1]["x"] = instances[1]["x"].astype(np.float64)
     with pytest.raises(FeedError, match=r"instance 1: input 'x': dtype float64"):
@@ -82,8 +113,6 @@ def test_unknown_backend_and_scheduler():
         autobatch.InferenceSession(MODEL, backend="tpu")
     with pytest.raises(ValueError, match="unknown scheduler"):
         autobatch.InferenceSession(MODEL, scheduler="psychic")
-    with pytest.raises(NotImplementedError, match="onnxruntime"):
-        autobatch.InferenceSession(MODEL, backend="onnxruntime")
 
 
 def test_demo_command_agrees_and_writes_a_valid_model(tmp_path):

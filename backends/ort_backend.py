@@ -1,0 +1,45 @@
+"""``OrtBackend``: plain (unbatched) models on onnxruntime behind ``onnx.backend.base.Backend``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import onnxruntime as ort
+from onnx import ModelProto
+from onnx.backend.base import Backend, BackendRep
+
+from autobatch.backends.interpreter import check_feeds
+from autobatch.backends.numpy_backend import feeds_by_name
+from autobatch.backends.ort_runtime import CPU, CUDA, default_providers, session_options
+from autobatch.ir import Graph, from_onnx, to_onnx
+
+
+class OrtBackendRep(BackendRep):
+    """One session for the whole model, exported from the IR (so the export is what runs)."""
+
+    def __init__(self, graph: Graph, providers: Sequence[str], threads: int = 0) -> None:
+        self.graph = graph
+        self.session = ort.InferenceSession(to_onnx(graph).SerializeToString(), session_options(threads),
+                                            providers=list(providers))
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        feeds = check_feeds(self.graph, feeds_by_name(self.graph.inputs, inputs))
+        return tuple(self.session.run(None, feeds))
+
+
+class OrtBackend(Backend):
+    @classmethod
+    def prepare(cls, model: ModelProto | Graph | bytes | str, device: str = "CPU",
+                providers: Sequence[str] | None = None, threads: int = 0, **kwargs: Any) -> OrtBackendRep:
+        if not cls.supports_device(device):
+            raise ValueError(f"onnxruntime here has no {device!r} device; it runs on {default_providers()[0]}")
+        if providers is None:
+            providers = default_providers() if device.upper() == "CUDA" else (CPU,)
+        graph = model if isinstance(model, Graph) else from_onnx(model)
+        return OrtBackendRep(graph, providers, threads)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        device = device.upper()
+        return device == "CPU" or (device == "CUDA" and default_providers()[0] == CUDA)

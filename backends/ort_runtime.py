@@ -1,0 +1,103 @@
+"""onnxruntime plumbing: the execution provider (decided once, logged once), session options,
+and a cache of sessions keyed by model structure."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+log = logging.getLogger("autobatch.onnxruntime")
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+@functools.cache
+def default_providers() -> tuple[str, ...]:
+    """CUDA when onnxruntime offers it and its libraries load (``onnxruntime.preload_dlls``
+    for the pip-installed CUDA and cuDNN of the ``cuda`` extra), else the CPU."""
+    providers: tuple[str, ...] = (CPU,)
+    if CUDA in ort.get_available_providers():
+        quiet = ort.SessionOptions()
+        quiet.log_severity_level = 4
+        ort.set_default_logger_severity(4)  # a failed CUDA load is expected on CPU machines
+        try:
+            if hasattr(ort, "preload_dlls"):
+                with contextlib.redirect_stdout(io.StringIO()) as printed:  # it prints what it misses
+                    ort.preload_dlls()
+                log.debug("onnxruntime.preload_dlls: %s", printed.getvalue().strip())
+            probe = _identity_model()
+            session = ort.InferenceSession(probe.SerializeToString(), quiet, providers=[CUDA, CPU])
+            if session.get_providers()[0] == CUDA:
+                providers = (CUDA, CPU)
+        except Exception as error:  # any failure to load CUDA means: run on the CPU
+            log.debug("CUDA execution provider unusable: %s", error)
+        finally:
+            ort.set_default_logger_severity(2)
+    log.info("onnxruntime %s runs on %s", ort.__version__, providers[0])
+    return providers
+
+
+def _identity_model() -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    return model
+
+
+def session_options(threads: int = 0, spinning: bool = False) -> ort.SessionOptions:
+    """Options for our sessions: ``threads`` intra-op threads (0: onnxruntime's choice); idle
+    spinning off by default, since many small sessions share the cores."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
+@dataclass
+class CacheStats:
+    sessions_created: int = 0
+    cache_hits: int = 0
+    seconds_creating: float = 0.0
+
+
+class SessionCache:
+    """Sessions keyed by structure, created on first use."""
+
+    def __init__(self, providers: Sequence[str] | None = None, threads: int = 0, spinning: bool = False) -> None:
+        self.providers = tuple(providers) if providers is not None else default_providers()
+        self.options = session_options(threads, spinning)
+        self.stats = CacheStats()
+        self._sessions: dict[Hashable, ort.InferenceSession] = {}
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.providers[0] == CUDA
+
+    def get(self, key: Hashable, build: Callable[[], onnx.ModelProto]) -> ort.InferenceSession:
+        session = self._sessions.get(key)
+        if session is not None:
+            self.stats.cache_hits += 1
+            return session
+        start = time.perf_counter()
+        session = ort.InferenceSession(build().SerializeToString(), self.options, providers=list(self.providers))
+        self.stats.seconds_creating += time.perf_counter() - start
+        self.stats.sessions_created += 1
+        self._sessions[key] = session
+        return session
+
+    def __len__(self) -> int:
+        return len(self._sessions)
