@@ -78,6 +78,7 @@ class OrtExecutor:
         )
         self._impls = {node.id: impl for node, impl in zip(self.numpy.order, self.numpy.impls)}
         self._device_constants: dict[str, Any] = {}
+        self._borrowed: dict[int, tuple[ort.OrtValue, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ planning
     def _steps(self, order: list[Node], in_numpy: set[int]) -> list[Segment | Node]:
@@ -163,7 +164,10 @@ class OrtExecutor:
         missing = [n for n in wanted if n not in env and n not in constants]
         if missing:
             raise FeedError(f"unknown output(s) {missing}; the graph's outputs are {graph.outputs}")
-        return [self._to_host(env[n]) if n in env else constants[n].copy() for n in wanted]
+        results = [self._to_host(env[n]) if n in env else constants[n].copy() for n in wanted]
+        constant_ids = {id(v) for v in self._device_constants.values()}
+        self._borrowed = {k: v for k, v in self._borrowed.items() if k in constant_ids}
+        return results
 
     def _remaining_reads(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -232,11 +236,15 @@ class OrtExecutor:
         array = np.asarray(value)
         if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn a scalar into [1])
             array = array.copy(order="C")
-        return ort.OrtValue.ortvalue_from_numpy(array, device)
+        ort_value = ort.OrtValue.ortvalue_from_numpy(array, device)
+        if device == "cpu":  # the OrtValue borrows the array's memory: keep the array alive
+            self._borrowed[id(ort_value)] = (ort_value, array)
+        return ort_value
 
     @staticmethod
     def _to_host(value: Any) -> Any:
-        return value.numpy() if isinstance(value, ort.OrtValue) else value
+        # A copy: on the CPU, .numpy() may view memory that dies with the OrtValue.
+        return np.array(value.numpy(), copy=True) if isinstance(value, ort.OrtValue) else value
 
 
 def _dtype_and_rank(value: Any) -> tuple[str, int]:

@@ -1,0 +1,103 @@
+"""onnxruntime: OrtBackend for plain models, and OrtExecutor for batched graphs in each mode."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import onnx
+import pytest
+
+from autobatch.backends import FeedError, Interpreter, NodeExecutionError, OrtBackend, OrtExecutor, SessionCache
+from autobatch.backends.ort_runtime import CPU, default_providers
+from autobatch.batcher import BatchingPass
+from autobatch.datasets import synthetic_tree
+from autobatch.ir import Graph, ValueType
+from autobatch.zoo import bilstm_params, bilstm_tagger_graph, tree_lstm_graph, tree_lstm_params
+from tests.test_onnx_io import LIGHT_MODELS, ort_run, random_feeds
+
+
+def test_provider_is_decided_once_and_runs_here():
+    providers = default_providers()
+    assert providers is default_providers()
+    assert providers[-1] == CPU
+    assert OrtBackend.supports_device("CPU")
+    assert OrtBackend.supports_device("CUDA") == (providers[0] == "CUDAExecutionProvider")
+
+
+@pytest.mark.parametrize("path", LIGHT_MODELS[:3], ids=lambda p: p.stem)
+def test_plain_models_match_onnxruntime_on_the_original(path):
+    original = onnx.load(path)
+    feeds = random_feeds(original)
+    expected = ort_run(original, feeds)
+    got = OrtBackend.prepare(original).run(feeds)
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_bad_feeds_are_named():
+    model = onnx.parser.parse_model("""
+    <ir_version: 9, opset_import: ["" : 18]>
+    g (float[2] x) => (float[2] y) { y = Relu(x) }
+    """)
+    rep = OrtBackend.prepare(model)
+    with pytest.raises(FeedError, match="input 'x': dtype int64"):
+        rep.run([np.array([1, 2])])
+    assert rep.run([np.array([-1, 2], np.float32)])[0].tolist() == [0, 2]
+
+
+def small_tree_lstm(trees: int = 6, size: int = 16) -> tuple[list[Graph], Graph]:
+    rng = random.Random(3)
+    forest = [synthetic_tree(rng, vocabulary=50) for _ in range(trees)]
+    vocabulary = {w: i for i, w in enumerate(sorted({leaf.word for t in forest for leaf in t.leaves()}))}
+    params = tree_lstm_params(len(vocabulary), size)
+    graphs = [tree_lstm_graph(t, vocabulary, params) for t in forest]
+    return graphs, BatchingPass("level")(Graph.union(graphs)).graph
+
+
+def small_bilstm(sentences: int = 5, size: int = 16) -> tuple[list[Graph], Graph]:
+    rng = np.random.default_rng(4)
+    params = bilstm_params(30, 5, size)
+    graphs = []
+    for _ in range(sentences):
+        length = int(rng.integers(1, 9))
+        graphs.append(bilstm_tagger_graph(rng.integers(0, 30, length).tolist(), rng.integers(0, 5, length).tolist(), params))
+    return graphs, BatchingPass("level")(Graph.union(graphs)).graph
+
+
+@pytest.mark.parametrize("build", [small_tree_lstm, small_bilstm], ids=["tree_lstm", "bilstm"])
+@pytest.mark.parametrize("whole, device_values", [(False, False), (True, False), (True, True), (False, True)])
+def test_executor_modes_agree_with_running_each_instance_alone(build, whole, device_values):
+    graphs, batched = build()
+    alone = [Interpreter(g).run({})[0] for g in graphs]
+    executor = OrtExecutor(batched, SessionCache(threads=1), whole=whole, device_values=device_values)
+    for _ in range(2):  # the second run uses cached sessions only
+        got = executor.run({})
+        for a, b in zip(alone, got, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    if whole:
+        assert executor.stats.segments == 1 and executor.stats.session_calls == 1
+    else:
+        assert executor.stats.numpy_steps > 0 and executor.stats.segments > 1
+
+
+def test_segments_of_the_same_structure_share_a_session():
+    _, batched = small_tree_lstm(trees=12)
+    cache = SessionCache(threads=1)
+    executor = OrtExecutor(batched, cache, whole=False)
+    executor.run({})
+    # Tree levels repeat the same cell computation on other rows: far fewer sessions than segments.
+    assert cache.stats.sessions_created < executor.stats.segments
+    assert cache.stats.cache_hits > 0
+
+
+def test_failing_segment_is_named():
+    graph = Graph("bad", {"": 18})
+    graph.add_input("x", ValueType.tensor(np.float32, [2, 3]))
+    graph.add_input("w", ValueType.tensor(np.float32, [5, 4]))
+    graph.add_node("MatMul", ["x", "w"], ["y"], name="the_matmul")
+    graph.add_node("Relu", ["y"], ["z"])
+    graph.add_output("z")
+    executor = OrtExecutor(graph, SessionCache(threads=1), whole=False)
+    with pytest.raises(NodeExecutionError, match=r"segment of 2 ops starting at Node#0 'the_matmul' MatMul-18 failed"):
+        executor.run({"x": np.zeros((2, 3), np.float32), "w": np.zeros((5, 4), np.float32)})
