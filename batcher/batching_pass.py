@@ -9,6 +9,7 @@ from autobatch.batcher.problem import UNBATCHABLE, build_problem
 from autobatch.batcher.rewrite import Rewriter, has_rule
 from autobatch.batcher.schedulers import get_scheduler
 from autobatch.ir import Graph
+from autobatch.ir.gc_pause import without_gc
 
 
 @dataclass
@@ -55,6 +56,7 @@ class BatchingPass:
         self.scheduler_name = scheduler
         self.scheduler = get_scheduler(scheduler)
 
+    @without_gc
     def __call__(self, graph: Graph) -> PassResult:
         seconds: dict[str, float] = {}
         start = time.perf_counter()

@@ -231,9 +231,11 @@ class Rewriter:
     def _sum_as_reduction(self, node: Node) -> bool:
         """A many-input Sum (a loss over all nodes of a tree) whose terms live in batches: one
         stack and one ReduceSum instead of cutting out every term."""
+        if node.op_type != "Sum" or node.domain or len(node.inputs) < 3:
+            return False  # checked first: other ops may leave their first output out ("")
         out_type = self.graph.values[node.outputs[0]].type
-        if node.op_type != "Sum" or node.domain or len(node.inputs) < 3 or out_type is None:
-            return False
+        if out_type is None or not out_type.is_static or 0 in out_type.shape:
+            return False  # stacking needs static, non-empty shapes
         if any(self.graph.values[name].type != out_type for name in node.inputs):
             return False  # terms that broadcast: leave to Sum itself
         stacked = self.stack(node.inputs)

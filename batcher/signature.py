@@ -51,19 +51,23 @@ def node_signature(graph: Graph, node: Node) -> Signature | None:
         if name and (vtype is None or not vtype.is_tensor or not vtype.is_static):
             return None
     attributes = tuple(sorted((name, _hashable(proto)) for name, proto in node.attributes.items()))
-    return (node.domain, node.op_type, node.version, attributes, tuple(inputs), len(node.outputs))
+    # Which optional outputs are wanted, not just how many: a batch produces the representative's.
+    outputs = tuple(bool(name) for name in node.outputs)
+    return (node.domain, node.op_type, node.version, attributes, tuple(inputs), outputs)
 
 
 def _hashable(proto: AttributeProto) -> Any:
     kind = proto.type
+    # Floats compare by their float32 bits: -0.0 and 0.0 differ (Celu divides by alpha), and a
+    # NaN equals itself.
     if kind == AttributeProto.FLOAT:
-        return ("f", proto.f)
+        return ("f", np.float32(proto.f).tobytes())
     if kind == AttributeProto.INT:
         return ("i", proto.i)
     if kind == AttributeProto.STRING:
         return ("s", proto.s)
     if kind == AttributeProto.FLOATS:
-        return ("fs", tuple(proto.floats))
+        return ("fs", np.asarray(proto.floats, dtype=np.float32).tobytes())
     if kind == AttributeProto.INTS:
         return ("is", tuple(proto.ints))
     if kind == AttributeProto.STRINGS:

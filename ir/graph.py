@@ -18,6 +18,7 @@ import onnx
 from onnx import AttributeProto, FunctionProto, GraphProto, helper
 
 from autobatch.ir.errors import ValidationError
+from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.types import ValueType, type_of_array
 
 CAPTURED = -1  # input index of an edge for a value read from inside a subgraph attribute
@@ -181,24 +182,34 @@ class Graph:
     ) -> Node:
         if version is None:
             version = self.opset_imports.get(domain, 1)
-        node = Node(
-            self._next_id, op_type, domain, version, make_attributes(attributes),
-            list(inputs), list(outputs), instance, name,
-        )
-        types = list(output_types) if output_types is not None else [None] * len(node.outputs)
-        for index, (output, vtype) in enumerate(zip(node.outputs, types)):
-            if not output:
-                continue
-            self._new_value(output, vtype)
-            self._producer[output] = (node.id, index)
-            for reader, input_index in self._consumers.get(output, []):  # read before defined
-                self.nx.add_edge(node.id, reader, key=(index, input_index), value=output)
-                self._ids_in_order = False
-        self._next_id += 1
-        self.nodes[node.id] = node
-        self.nx.add_node(node.id)
-        self._link_inputs(node)
+        node = Node(-1, op_type, domain, version, make_attributes(attributes), list(inputs), list(outputs),
+                    instance, name)
+        self._insert([node], [output_types if output_types is not None else [None] * len(node.outputs)])
         return node
+
+    def _insert(self, nodes: Sequence[Node], output_types: Sequence[Sequence[ValueType | None]]) -> None:
+        """Give the nodes ids and add them with their values, then all their edges in one
+        networkx call (a per-edge call costs several times more)."""
+        edges: list[tuple[int, int, tuple[int, int], dict[str, str]]] = []
+        for node, types in zip(nodes, output_types):
+            node.id = self._next_id
+            self._next_id += 1
+            for index, (output, vtype) in enumerate(zip(node.outputs, types)):
+                if not output:
+                    continue
+                self._new_value(output, vtype)
+                self._producer[output] = (node.id, index)
+                for reader, input_index in self._consumers.get(output, ()):  # read before defined
+                    edges.append((node.id, reader, (index, input_index), {"value": output}))
+                    self._ids_in_order = False
+            self.nodes[node.id] = node
+            for name, index in self._reads(node):
+                self._consumers.setdefault(name, []).append((node.id, index))
+                source = self._producer.get(name)
+                if source is not None:
+                    edges.append((source[0], node.id, (source[1], index), {"value": name}))
+        self.nx.add_nodes_from(node.id for node in nodes)
+        self.nx.add_edges_from(edges)
 
     def remove_nodes(self, node_ids: Iterable[int]) -> None:
         """Remove nodes and the values they produce; consumers of those values must go too."""
@@ -233,13 +244,6 @@ class Graph:
         reads = [(name, index) for index, name in enumerate(node.inputs) if name]
         reads.extend((name, CAPTURED) for name in sorted(captured_names(node)))
         return reads
-
-    def _link_inputs(self, node: Node) -> None:
-        for name, index in self._reads(node):
-            self._consumers.setdefault(name, []).append((node.id, index))
-            source = self._producer.get(name)
-            if source is not None:
-                self.nx.add_edge(source[0], node.id, key=(source[1], index), value=name)
 
     # ----------------------------------------------------------------- queries
     def producer(self, value: str) -> tuple[Node, int] | None:
@@ -298,6 +302,7 @@ class Graph:
         return result
 
     @staticmethod
+    @without_gc
     def union(graphs: Sequence[Graph], rename: Callable[[int, str], str] | None = None) -> Graph:
         """One graph holding every instance: instance ``k``'s values are renamed
         (``i{k}/name`` by default) and its nodes tagged ``instance=k``. Constants with the same
@@ -325,8 +330,9 @@ class Graph:
             for name, value in graph.values.items():
                 if value.is_shared and name not in shared:
                     result.add_initializer(names[name], value.const)
-            for node in graph.topological_order():
-                result._copy_node(node, graph, names, instance=k)
+            order = graph.topological_order()
+            result._insert([result._renamed(node, names, k) for node in order],
+                           [[graph.values[o].type if o else None for o in node.outputs] for node in order])
             result.outputs.extend(names[name] for name in graph.outputs)
         return result
 
@@ -336,9 +342,13 @@ class Graph:
         result.meta = dict(self.meta)
         return result
 
-    def _copy_node(self, node: Node, source: Graph, names: Mapping[str, str] | None = None,
-                   instance: int | None = None) -> Node:
-        rename = (lambda v: names.get(v, v) if v else v) if names else (lambda v: v)
+    def _copy_node(self, node: Node, source: Graph) -> None:
+        self._insert([self._renamed(node, {}, node.instance)], [[source.values[o].type if o else None for o in node.outputs]])
+
+    @staticmethod
+    def _renamed(node: Node, names: Mapping[str, str], instance: int | None) -> Node:
+        """A copy of ``node`` (attribute protos shared: they are never mutated), reading and
+        writing renamed values."""
         if names and any(True for _ in node.subgraphs()):
             renamed_captures = {v for v in captured_names(node) if names.get(v, v) != v}
             if renamed_captures:
@@ -346,12 +356,9 @@ class Graph:
                     f"{node} reads {sorted(renamed_captures)} from inside a subgraph; "
                     "such nodes cannot be renamed into a union (inline the subgraph first)"
                 )
-        return self.add_node(
-            node.op_type, [rename(v) for v in node.inputs], [rename(v) for v in node.outputs],
-            node.attributes, domain=node.domain, version=node.version,
-            instance=node.instance if instance is None else instance, name=node.name,
-            output_types=[source.values[o].type if o else None for o in node.outputs],
-        )
+        get = names.get
+        return Node(-1, node.op_type, node.domain, node.version, dict(node.attributes),
+                    [get(v, v) for v in node.inputs], [get(v, v) for v in node.outputs], instance, node.name)
 
     # ----------------------------------------------------------------- checks
     def validate(self, check_types: bool = False) -> None:

@@ -86,13 +86,19 @@ def _check_tensor_sizes(model: ModelProto) -> None:
         if tensor.data_location == TensorProto.EXTERNAL:
             continue  # checked against the file when it is read
         declared = int(np.prod(tensor.dims, dtype=object)) if tensor.dims else 1
-        stored = _stored_entries(tensor)
-        # Packed 4-bit types hold two elements a byte; complex types use two entries an element.
-        if declared > 2 * stored:
+        # Sub-byte types pack several elements into a byte or an int32 entry; otherwise an
+        # entry holds at most two (complex types use two entries an element, so this bounds).
+        capacity = _stored_entries(tensor) * (8 if tensor.data_type in _SUB_BYTE_TYPES else 2)
+        if declared > capacity:
             raise OnnxImportError(
                 f"tensor {tensor.name!r} declares shape {list(tensor.dims)} ({declared} elements) "
-                f"but holds data for at most {2 * stored}"
+                f"but holds data for at most {capacity}"
             )
+
+
+_SUB_BYTE_TYPES = frozenset(
+    getattr(TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, name)
+)
 
 
 def _stored_entries(tensor: TensorProto) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,37 +22,32 @@ class ValueType:
     value is not a tensor).
     """
 
-    __slots__ = ("proto", "elem_type", "shape")
+    __slots__ = ("proto", "elem_type", "shape", "is_tensor", "is_static")
 
     def __init__(self, proto: TypeProto) -> None:
         self.proto = proto
         self.elem_type: int | None = None
         self.shape: Shape | None = None
-        if proto.HasField("tensor_type"):
+        self.is_tensor = proto.HasField("tensor_type")
+        if self.is_tensor:
             tensor = proto.tensor_type
             self.elem_type = tensor.elem_type or None
             if tensor.HasField("shape"):
                 self.shape = tuple(_dim(d) for d in tensor.shape.dim)
+        self.is_static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
     @classmethod
     def tensor(cls, elem_type: int | np.dtype | type, shape: Sequence[Dim] | None) -> ValueType:
+        """A tensor type; equal requests share one (immutable) object."""
         if not isinstance(elem_type, int):
             elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(elem_type))
-        return cls(helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape)))
-
-    @property
-    def is_tensor(self) -> bool:
-        return self.proto.HasField("tensor_type")
+        return _tensor_type(elem_type, None if shape is None else tuple(shape))
 
     @property
     def dtype(self) -> np.dtype | None:
         if self.elem_type is None:
             return None
         return helper.tensor_dtype_to_np_dtype(self.elem_type)
-
-    @property
-    def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ValueType) and self.proto == other.proto
@@ -66,6 +62,11 @@ class ValueType:
         if self.shape is None:
             return f"{name}[...]"
         return f"{name}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
+
+
+@functools.lru_cache(maxsize=65536)
+def _tensor_type(elem_type: int, shape: tuple[Dim, ...] | None) -> ValueType:
+    return ValueType(helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape)))
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:

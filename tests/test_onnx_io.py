@@ -210,3 +210,11 @@ def test_unknown_op_is_refused():
     model.graph.node[0].op_type = "Frobnicate"
     with pytest.raises(OnnxImportError, match="Frobnicate"):
         from_onnx(model)
+
+
+def test_packed_int4_initializer_is_accepted():
+    weight = helper.make_tensor("w", TensorProto.INT4, [7, 1], [1, -2, 3, -4, 5, -6, 7])
+    model = small_model()
+    model.graph.initializer.append(weight)
+    graph = from_onnx(model.SerializeToString())
+    assert graph.initializers()["w"].astype(np.int8).ravel().tolist() == [1, -2, 3, -4, 5, -6, 7]
