@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,6 +162,17 @@ class InferenceSession:
             graph.infer_shapes()
             self._typed[key] = graph
         return graph
+
+
+def make_runner_factory(backend: str, threads: int = 0) -> Callable[[Graph], Interpreter | OrtExecutor]:
+    """What runs a batched graph on ``backend``; onnxruntime sessions are shared by every
+    graph the factory makes a runner for."""
+    if backend == "numpy":
+        return Interpreter
+    if backend == "onnxruntime":
+        cache = SessionCache(threads=threads)
+        return lambda graph: OrtExecutor(graph, cache)
+    raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:

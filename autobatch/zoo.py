@@ -34,7 +34,7 @@ class GraphBuilder:
         """A literal of this instance (a word index, a label)."""
         self.count += 1
         name = f"v{self.count}"
-        self.graph.add_initializer(name, array)
+        self.graph.add_initializer(name, array, literal=True)
         return name
 
     def op(self, op_type: str, inputs: Sequence[str], shape: Sequence[int], attributes: dict | None = None,

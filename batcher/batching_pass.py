@@ -43,18 +43,25 @@ class BatchReport:
 
 @dataclass
 class PassResult:
+    """``locations`` maps each output of the input graph to ``(value, row)`` in the batched
+    graph: row None for a value of its own, else a row of a batched value (``as_rows``)."""
+
     graph: Graph
     modified: bool
     report: BatchReport
+    locations: dict[str, tuple[str, int | None]] = field(default_factory=dict)
 
 
 class BatchingPass:
     """Groups same-signature nodes of a graph (usually the union of many instances) and
     rewrites each group into one batched op."""
 
-    def __init__(self, scheduler: str = "level") -> None:
+    def __init__(self, scheduler: str = "level", as_rows: bool = False) -> None:
+        """``as_rows``: leave outputs that are rows of a batch where they are (see
+        ``PassResult.locations``) instead of cutting each out under its own name."""
         self.scheduler_name = scheduler
         self.scheduler = get_scheduler(scheduler)
+        self.as_rows = as_rows
 
     @without_gc
     def __call__(self, graph: Graph) -> PassResult:
@@ -74,7 +81,7 @@ class BatchingPass:
         for group in schedule:
             members = [graph.nodes[problem.node_ids[i]] for i in group]
             rewriter.run_group(members, batchable=problem.sig[group[0]] != UNBATCHABLE)
-        batched = rewriter.finish()
+        batched, locations = rewriter.finish(self.as_rows)
         seconds["rewrite"] = time.perf_counter() - start
 
         stats = rewriter.stats
@@ -83,4 +90,4 @@ class BatchingPass:
             int((problem.sig == UNBATCHABLE).sum()), stats.gathers, stats.gathers_avoided,
             stats.merged_duplicates, seconds,
         )
-        return PassResult(batched, modified=len(schedule) < problem.size, report=report)
+        return PassResult(batched, len(schedule) < problem.size, report, locations)

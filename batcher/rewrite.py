@@ -129,7 +129,7 @@ class Rewriter:
         for name in graph.inputs:
             out.add_input(name, graph.values[name].type)
         for name, array in graph.initializers().items():
-            out.add_initializer(name, array)
+            out.add_initializer(name, array, graph.values[name].literal)
         self.out = out
         self.emit = GraphEmitter(out)
         # original value -> (batched value, row) while it exists only as a row of a batch
@@ -283,9 +283,19 @@ class Rewriter:
                 if mine:
                     self.alias[mine] = theirs
 
-    def finish(self) -> Graph:
+    def finish(self, as_rows: bool = False) -> tuple[Graph, dict[str, tuple[str, int | None]]]:
+        """The batched graph, and where each original output lives: ``(name, None)`` for a
+        value of its own, or with ``as_rows``, ``(batched name, row)`` for a row of a batch
+        (the caller takes a view; no gather per output)."""
+        locations: dict[str, tuple[str, int | None]] = {}
         for name in self.graph.outputs:
+            row = self.rows.get(self.alias.get(name, name)) if as_rows else None
+            if row is not None:
+                locations[name] = (row[0], row[1])
+                continue
             self.named(name)
-            self.out.add_output(name)
+            locations[name] = (name, None)
+        for value_name in dict.fromkeys(v for v, _ in locations.values()):
+            self.out.add_output(value_name)
         self.out.prune_unused_constants()
-        return self.out
+        return self.out, locations

@@ -20,13 +20,13 @@ Signature = tuple
 
 def is_shared(graph: Graph, value_name: str) -> bool:
     """A value every member of a group may read as-is: a constant read by several nodes (a
-    weight, an axes list), or a value computed outside any instance. A constant read by one
-    node only is that node's literal (a word index, a label): per-instance data, so that
-    nodes differing only in such literals still batch (their literals are stacked once, at
-    rewrite time)."""
+    weight, an axes list), or a value computed outside any instance. A constant marked
+    ``literal``, or read by one node only, is that instance's data (a word index, a label, a
+    value from an earlier round), so that nodes differing only in such data still batch (the
+    literals are stacked once, at rewrite time)."""
     value = graph.values[value_name]
     if value.is_shared:
-        return graph.consumer_count(value_name) > 1
+        return not value.literal and graph.consumer_count(value_name) > 1
     source = graph.producer(value_name)
     if source is None:
         return False  # a graph input belongs to one instance

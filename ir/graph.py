@@ -25,18 +25,21 @@ CAPTURED = -1  # input index of an edge for a value read from inside a subgraph 
 
 
 class Value:
-    """A named SSA value: a graph input, a shared constant (initializer) or a node output.
+    """A named SSA value: a graph input, a constant (initializer) or a node output.
 
-    Invariant: ``const`` is set exactly for shared values (initializers and parameters);
-    their identity is their name within the graph.
+    Invariant: ``const`` is set exactly for constants; their identity is their name within
+    the graph. A constant is a weight or parameter that instances share, unless it is a
+    ``literal``: data of one instance (a word index, a value computed in an earlier round).
     """
 
-    __slots__ = ("name", "type", "const")
+    __slots__ = ("name", "type", "const", "literal")
 
-    def __init__(self, name: str, type: ValueType | None = None, const: np.ndarray | None = None) -> None:
+    def __init__(self, name: str, type: ValueType | None = None, const: np.ndarray | None = None,
+                 literal: bool = False) -> None:
         self.name = name
         self.type = type
         self.const = const
+        self.literal = literal
 
     @property
     def is_shared(self) -> bool:
@@ -157,10 +160,13 @@ class Graph:
         self.inputs.append(name)
         return value
 
-    def add_initializer(self, name: str, array: np.ndarray) -> Value:
-        """A shared value (weight, parameter, constant) readable by every instance."""
+    def add_initializer(self, name: str, array: np.ndarray, literal: bool = False) -> Value:
+        """A constant: a weight or parameter every instance may share, or with ``literal``
+        one instance's data."""
         array = np.asarray(array)
-        return self._new_value(name, type_of_array(array), const=array)
+        value = self._new_value(name, type_of_array(array), const=array)
+        value.literal = literal
+        return value
 
     def add_output(self, name: str) -> None:
         if name not in self.values:
@@ -289,7 +295,7 @@ class Graph:
                 if value is None:
                     continue  # from an outer scope: stays captured
                 if value.is_shared:
-                    result.add_initializer(value_name, value.const)
+                    result.add_initializer(value_name, value.const, value.literal)
                 else:
                     result.add_input(value_name, value.type)
         for node_id in chosen:
@@ -329,7 +335,7 @@ class Graph:
                 result.add_input(names[name], graph.values[name].type)
             for name, value in graph.values.items():
                 if value.is_shared and name not in shared:
-                    result.add_initializer(names[name], value.const)
+                    result.add_initializer(names[name], value.const, value.literal)
             order = graph.topological_order()
             result._insert([result._renamed(node, names, k) for node in order],
                            [[graph.values[o].type if o else None for o in node.outputs] for node in order])
@@ -451,6 +457,8 @@ def _common_constants(graphs: Sequence[Graph]) -> dict[str, np.ndarray]:
     first = graphs[0].initializers()
     common: dict[str, np.ndarray] = {}
     for name, array in first.items():
+        if graphs[0].values[name].literal:
+            continue
         others = [g.values.get(name) for g in graphs[1:]]
         if all(v is not None and v.const is not None and _same_array(v.const, array) for v in others):
             common[name] = array

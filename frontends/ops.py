@@ -1,0 +1,239 @@
+"""The traced ops: what the seed paper's models need, each recording ONNX ops.
+
+Every op checks shapes and dtypes when traced and names itself and the shapes on a mismatch.
+Row-vector convention: ``affine(x, W, b) = x @ W + b``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from autobatch.frontends.tracing import Batch, Parameter, Tensor, TraceError, attributes, current_batch
+
+Operand = Tensor | Parameter | np.ndarray | float | int
+
+
+def _batch_of(*values: Any) -> Batch:
+    for value in values:
+        if isinstance(value, Tensor):
+            return value.batch
+    return current_batch()
+
+
+def _tensors(op: str, *values: Operand) -> list[Tensor]:
+    """Operands as tensors of one batch; Python scalars take the dtype of the tensor operands."""
+    batch = _batch_of(*values)
+    dtype = next((v.dtype for v in values if isinstance(v, (Tensor, Parameter)) and hasattr(v, "dtype")), None)
+    if dtype is None:
+        dtype = next((v.array.dtype for v in values if isinstance(v, Parameter)), None)
+    result = []
+    for value in values:
+        if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+            value = np.asarray(value, dtype=dtype or np.float32)
+        result.append(batch.as_tensor(value))
+    if len({t.dtype for t in result}) > 1:
+        raise TraceError(f"{op}: operands have different dtypes {[str(t.dtype) for t in result]}")
+    return result
+
+
+def _elementwise(op_type: str, *values: Operand, attrs: dict | None = None, dtype: Any = None) -> Tensor:
+    inputs = _tensors(op_type, *values)
+    try:
+        shape = np.broadcast_shapes(*(t.shape for t in inputs))
+    except ValueError:
+        raise TraceError(f"{op_type}: shapes {[t.shape for t in inputs]} do not broadcast") from None
+    batch = inputs[0].batch
+    return batch.record(op_type, inputs, [shape], [dtype or inputs[0].dtype], attrs)[0]
+
+
+# ----------------------------------------------------------------------------- elementwise
+def add(a: Operand, b: Operand) -> Tensor:
+    return _elementwise("Add", a, b)
+
+
+def sub(a: Operand, b: Operand) -> Tensor:
+    return _elementwise("Sub", a, b)
+
+
+def mul(a: Operand, b: Operand) -> Tensor:
+    return _elementwise("Mul", a, b)
+
+
+cmult = mul
+
+
+def div(a: Operand, b: Operand) -> Tensor:
+    return _elementwise("Div", a, b)
+
+
+def tanh(x: Operand) -> Tensor:
+    return _elementwise("Tanh", x)
+
+
+def sigmoid(x: Operand) -> Tensor:
+    return _elementwise("Sigmoid", x)
+
+
+logistic = sigmoid
+
+
+def relu(x: Operand) -> Tensor:
+    return _elementwise("Relu", x)
+
+
+rectify = relu
+
+
+def exp(x: Operand) -> Tensor:
+    return _elementwise("Exp", x)
+
+
+def log(x: Operand) -> Tensor:
+    return _elementwise("Log", x)
+
+
+def neg(x: Operand) -> Tensor:
+    return _elementwise("Neg", x)
+
+
+def square(x: Operand) -> Tensor:
+    (t,) = _tensors("Mul", x)
+    return _elementwise("Mul", t, t)
+
+
+def esum(xs: Sequence[Operand]) -> Tensor:
+    """The sum of a list of tensors (DyNet's esum)."""
+    if not xs:
+        raise TraceError("esum of an empty list")
+    return _elementwise("Sum", *xs) if len(xs) > 1 else _tensors("Sum", xs[0])[0]
+
+
+# ----------------------------------------------------------------------------- linear algebra
+def matmul(a: Operand, b: Operand) -> Tensor:
+    x, w = _tensors("MatMul", a, b)
+    shape = _matmul_shape(x.shape, w.shape)
+    if shape is None:
+        raise TraceError(f"MatMul: shapes {x.shape} and {w.shape} do not match")
+    return x.batch.record("MatMul", [x, w], [shape], [x.dtype])[0]
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    if not a or not b:
+        return None
+    a2, b2 = (1, *a) if len(a) == 1 else a, (*b, 1) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        return None
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        return None
+    return (*batch, *([a2[-2]] if len(a) > 1 else []), *([b2[-1]] if len(b) > 1 else []))
+
+
+def affine(x: Operand, weight: Operand, bias: Operand) -> Tensor:
+    """``x @ W + b``."""
+    return add(matmul(x, weight), bias)
+
+
+# ----------------------------------------------------------------------------- structure
+def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
+    inputs = _tensors("Concat", *xs)
+    rank = inputs[0].ndim
+    axis = axis + rank if axis < 0 else axis
+    if any(t.ndim != rank for t in inputs) or not 0 <= axis < rank or any(
+        t.shape[:axis] + t.shape[axis + 1:] != inputs[0].shape[:axis] + inputs[0].shape[axis + 1:] for t in inputs
+    ):
+        raise TraceError(f"Concat on axis {axis}: shapes {[t.shape for t in inputs]} do not fit")
+    shape = list(inputs[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in inputs)
+    return inputs[0].batch.record("Concat", inputs, [tuple(shape)], [inputs[0].dtype], attributes(axis=axis))[0]
+
+
+def split(x: Operand, parts: int, axis: int = 0) -> list[Tensor]:
+    (t,) = _tensors("Split", x)
+    axis = axis + t.ndim if axis < 0 else axis
+    if not 0 <= axis < t.ndim or t.shape[axis] % parts:
+        raise TraceError(f"Split: axis {axis} of shape {t.shape} does not split into {parts} equal parts")
+    shape = list(t.shape)
+    shape[axis] //= parts
+    return t.batch.record("Split", [t], [tuple(shape)] * parts, [t.dtype] * parts,
+                          attributes(axis=axis, num_outputs=parts))
+
+
+def reshape(x: Operand, shape: Sequence[int]) -> Tensor:
+    (t,) = _tensors("Reshape", x)
+    target = tuple(int(d) for d in shape)
+    if int(np.prod(target)) != int(np.prod(t.shape)) or any(d < 0 for d in target):
+        raise TraceError(f"Reshape: {t.shape} cannot become {target}")
+    return t.batch.record("Reshape", [t, t.batch.shared_constant(target)], [target], [t.dtype])[0]
+
+
+def transpose(x: Operand, perm: Sequence[int] | None = None) -> Tensor:
+    (t,) = _tensors("Transpose", x)
+    perm = tuple(perm) if perm is not None else tuple(reversed(range(t.ndim)))
+    if sorted(perm) != list(range(t.ndim)):
+        raise TraceError(f"Transpose: {perm} is not a permutation of the axes of {t.shape}")
+    return t.batch.record("Transpose", [t], [tuple(t.shape[p] for p in perm)], [t.dtype], attributes(perm=perm))[0]
+
+
+def index(x: Operand, key: Any) -> Tensor:
+    """``x[i]`` (an element or row, i may be a traced int64 tensor) or ``x[a:b]`` on axis 0."""
+    (t,) = _tensors("Gather", x)
+    if isinstance(key, slice):
+        start, stop, step = key.indices(t.shape[0])
+        if step != 1:
+            raise TraceError(f"slicing {t.shape} with step {step}: only step 1 is traced")
+        length = max(0, stop - start)
+        batch = t.batch
+        bounds = [batch.shared_constant([start]), batch.shared_constant([stop]), batch.shared_constant([0])]
+        return batch.record("Slice", [t, *bounds], [(length, *t.shape[1:])], [t.dtype])[0]
+    return pick(t, key)
+
+
+def pick(x: Operand, i: Any) -> Tensor:
+    """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick."""
+    (t,) = _tensors("Gather", x)
+    if not t.shape:
+        raise TraceError("Gather: cannot pick from a scalar")
+    if isinstance(i, Tensor):
+        position = i
+    else:
+        if not -t.shape[0] <= int(i) < t.shape[0]:
+            raise TraceError(f"Gather: index {int(i)} is out of range for shape {t.shape}")
+        position = t.batch.constant(int(i), dtype=np.int64)
+    return t.batch.record("Gather", [t, position], [(*position.shape, *t.shape[1:])], [t.dtype], attributes(axis=0))[0]
+
+
+def lookup(table: Parameter | Tensor, i: Any) -> Tensor:
+    """Row ``i`` of an embedding table."""
+    return pick(table, i)
+
+
+# ----------------------------------------------------------------------------- normalisation and losses
+def softmax(x: Operand, axis: int = -1) -> Tensor:
+    (t,) = _tensors("Softmax", x)
+    return t.batch.record("Softmax", [t], [t.shape], [t.dtype], attributes(axis=axis))[0]
+
+
+def log_softmax(x: Operand, axis: int = -1) -> Tensor:
+    (t,) = _tensors("LogSoftmax", x)
+    return t.batch.record("LogSoftmax", [t], [t.shape], [t.dtype], attributes(axis=axis))[0]
+
+
+def pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
+    """``-log_softmax(scores)[i]``: the negative log-likelihood of class i."""
+    return neg(pick(log_softmax(scores), i))
+
+
+def reduce_sum(x: Operand, axis: int | None = None) -> Tensor:
+    (t,) = _tensors("ReduceSum", x)
+    axes = list(range(t.ndim)) if axis is None else [axis + t.ndim if axis < 0 else axis]
+    shape = tuple(d for k, d in enumerate(t.shape) if k not in axes)
+    return t.batch.record("ReduceSum", [t, t.batch.shared_constant(axes)], [shape], [t.dtype], attributes(keepdims=0))[0]
+
+
+def zeros(shape: Sequence[int], dtype: Any = np.float32) -> Tensor:
+    return current_batch().constant(np.zeros(tuple(shape), dtype=dtype))

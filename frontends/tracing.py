@@ -1,0 +1,310 @@
+"""Define-by-run tracing: ``Tensor`` values record ONNX ops into the pending graph of a
+``Batch``; nothing runs until a value is needed, and then everything pending is batched and
+run at once (DyNet's lazy evaluation, with our batcher).
+
+Tracing appends one compact record a op; the IR graph is built in bulk only when the batch
+runs, and only from the records that lead to a value someone still holds.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import itertools
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from onnx import AttributeProto, helper
+
+from autobatch.ir import Graph, Node, ValueType
+from autobatch.ir.gc_pause import gc_paused
+
+OPSET = {"": 18}
+
+
+class TraceError(ValueError):
+    """A traced op got inputs it cannot take (shapes, dtypes, a tensor of another batch)."""
+
+
+_current: contextvars.ContextVar[Batch] = contextvars.ContextVar("autobatch_batch")
+
+
+def current_batch() -> Batch:
+    """The batch of the innermost ``with Batch()`` block."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise TraceError("no batch to trace into: trace inside `with autobatch.Batch() as batch:`") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def attributes(**values: Any) -> dict[str, AttributeProto]:
+    """Attribute protos for hashable Python values, made once and shared by every record."""
+    return {name: helper.make_attribute(name, list(v) if isinstance(v, tuple) else v) for name, v in values.items()}
+
+
+class Tensor:
+    """A value in a batch: its shape and dtype are known when it is traced, its contents
+    when the batch has run."""
+
+    __slots__ = ("batch", "name", "shape", "dtype", "value", "__weakref__")
+
+    def __init__(self, batch: Batch, name: str, shape: tuple[int, ...], dtype: np.dtype,
+                 value: np.ndarray | None = None) -> None:
+        self.batch = batch
+        self.name = name
+        self.shape = shape
+        self.dtype = dtype
+        self.value = value
+
+    def numpy(self) -> np.ndarray:
+        """The value: runs the batch's pending graph (batched) if it is not known yet."""
+        if self.value is None:
+            self.batch.run_pending()
+        assert self.value is not None
+        return self.value
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        """``await t`` inside a program run by ``run_programs``: all programs are resumed
+        together once everything pending has run."""
+        if self.value is None:
+            yield self
+        return self.value
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        state = "known" if self.value is not None else "pending"
+        return f"Tensor({self.name}, shape={self.shape}, dtype={self.dtype}, {state})"
+
+    # numpy-like operators; the ops live in autobatch.frontends.ops
+    def __add__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.div(self, other)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.matmul(self, other)
+
+    def __neg__(self) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.neg(self)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        from autobatch.frontends import ops
+        return ops.index(self, index)
+
+
+_parameter_ids = itertools.count()
+
+
+@dataclass
+class Parameter:
+    """A weight shared by every instance (DyNet's Parameter). Usable in any batch."""
+
+    array: np.ndarray
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.array = np.asarray(self.array)
+        if not self.name:
+            self.name = f"param{next(_parameter_ids)}"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+
+@dataclass
+class _Record:
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: dict[str, AttributeProto]
+    types: tuple[ValueType, ...]
+    instance: int
+    domain: str = ""
+
+
+class Batch:
+    """Traces many instances and runs them batched.
+
+    >>> with Batch() as batch:
+    ...     losses = [model(example) for example in examples]   # traced, not run
+    ...     values = batch.run(losses)                           # batched and run once
+
+    A value is also computed when asked for (``tensor.numpy()``), and what is still pending
+    runs at the end of the block.
+    """
+
+    def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0) -> None:
+        from autobatch.session import make_runner_factory
+
+        self.backend = backend
+        self.scheduler = scheduler
+        self._make_runner = make_runner_factory(backend, threads)
+        self._records: list[_Record] = []
+        self._pending: weakref.WeakValueDictionary[str, Tensor] = weakref.WeakValueDictionary()
+        self._literals: dict[str, np.ndarray] = {}  # data read by pending records
+        self._parameters: dict[int, str] = {}  # id(Parameter) -> value name
+        self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
+        self._shared: dict[tuple, str] = {}
+        self._names = itertools.count()
+        self._instance = 0
+        self.reports: list[Any] = []  # one BatchReport for every time the batch ran
+        self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
+
+    # ------------------------------------------------------------------ context
+    def __enter__(self) -> Batch:
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, kind: type | None, *_: Any) -> None:
+        _current.reset(self._token)
+        if kind is None:
+            self.run_pending()
+
+    @contextmanager
+    def instance(self) -> Iterator[int]:
+        """Mark the ops traced inside as one instance's (for reports; batching does not need it)."""
+        self._instance += 1
+        yield self._instance
+
+    # ------------------------------------------------------------------ values
+    def constant(self, value: Any, dtype: Any = None) -> Tensor:
+        """A literal of one instance (a word index, a label)."""
+        array = np.asarray(value, dtype=dtype)
+        if array.dtype == np.float64 and dtype is None:
+            array = array.astype(np.float32)  # Python floats are float32 here, as in DyNet
+        return Tensor(self, f"c{next(self._names)}", array.shape, array.dtype, array)
+
+    def shared_constant(self, value: Any, dtype: Any = np.int64) -> Tensor:
+        """A constant every instance reads as the same value (axes, shapes, slice bounds):
+        one value, so that nodes using it keep equal signatures."""
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        name = self._shared.get(key)
+        if name is None:
+            name = self._shared[key] = f"k{len(self._shared)}"
+            self._weights[name] = array
+        return Tensor(self, name, array.shape, array.dtype, array)
+
+    def parameter(self, parameter: Parameter) -> Tensor:
+        name = self._parameters.get(id(parameter))
+        if name is None:
+            name = self._parameters[id(parameter)] = f"{parameter.name}#{len(self._parameters)}"
+            self._weights[name] = parameter.array
+        return Tensor(self, name, parameter.array.shape, parameter.array.dtype, parameter.array)
+
+    def as_tensor(self, value: Any) -> Tensor:
+        if isinstance(value, Tensor):
+            if value.batch is not self:
+                raise TraceError(f"{value!r} belongs to another batch; values cannot cross batches")
+            return value
+        if isinstance(value, Parameter):
+            return self.parameter(value)
+        return self.constant(value)
+
+    def record(self, op_type: str, inputs: Sequence[Tensor | None], shapes: Sequence[tuple[int, ...]],
+               dtypes: Sequence[np.dtype], attrs: dict[str, AttributeProto] | None = None,
+               domain: str = "") -> list[Tensor]:
+        """Append one op; returns its output tensors (pending)."""
+        for tensor in inputs:  # known values become data of the graph the batch will run
+            if tensor is not None and tensor.value is not None and tensor.name not in self._weights:
+                self._literals[tensor.name] = tensor.value
+        outputs = [f"t{next(self._names)}" for _ in shapes]
+        types = tuple(ValueType.tensor(np.dtype(d), s) for d, s in zip(dtypes, shapes))
+        self._records.append(_Record(op_type, tuple(t.name if t is not None else "" for t in inputs),
+                                     tuple(outputs), attrs or {}, types, self._instance, domain))
+        tensors = [Tensor(self, name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in zip(outputs, shapes, dtypes)]
+        for tensor in tensors:
+            self._pending[tensor.name] = tensor
+        return tensors
+
+    # ------------------------------------------------------------------ running
+    def run(self, tensors: Sequence[Tensor]) -> list[np.ndarray]:
+        """Values of these tensors, running everything pending once (batched)."""
+        if any(t.value is None for t in tensors):
+            self.run_pending()
+        return [t.numpy() for t in tensors]
+
+    def run_pending(self) -> None:
+        """Batch and run every pending op that leads to a value still held, then forget the
+        records: later ops read those values as data."""
+        wanted = [t for t in list(self._pending.values()) if t.value is None]
+        if not wanted:
+            self._records.clear()
+            self._literals.clear()
+            return
+        with gc_paused():
+            graph = self._graph([t.name for t in wanted])
+            from autobatch.batcher import BatchingPass
+
+            result = BatchingPass(self.scheduler, as_rows=True)(graph)
+            self.reports.append(result.report)
+            runner = self._make_runner(result.graph)
+            names = list(result.graph.outputs)
+            values = dict(zip(names, runner.run({}, names)))
+        for tensor in wanted:
+            source, row = result.locations[tensor.name]
+            value = values[source]
+            tensor.value = value if row is None else value[row, ...]  # a view (0-d for scalars)
+        self._records.clear()
+        self._literals.clear()
+        self._pending = weakref.WeakValueDictionary()
+
+    def _graph(self, wanted: list[str]) -> Graph:
+        """The IR graph of the records that lead to ``wanted``, built in bulk."""
+        needed = set(wanted)
+        records = []
+        for record in reversed(self._records):
+            if any(o in needed for o in record.outputs):
+                records.append(record)
+                needed.update(record.inputs)
+        records.reverse()
+        graph = Graph("batch", OPSET)
+        graph.functions = dict(self.functions)
+        for domain, _ in self.functions:
+            graph.opset_imports.setdefault(domain, 1)
+        for name in sorted(needed & self._weights.keys()):
+            graph.add_initializer(name, self._weights[name])
+        for name in sorted(needed & self._literals.keys()):
+            graph.add_initializer(name, self._literals[name], literal=True)
+        graph._insert(
+            [Node(-1, r.op_type, r.domain, graph.opset_imports.get(r.domain, 1), r.attributes, list(r.inputs),
+                  list(r.outputs), r.instance, "") for r in records],
+            [r.types for r in records],
+        )
+        for name in wanted:
+            graph.add_output(name)
+        return graph
