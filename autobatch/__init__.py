@@ -1,15 +1,22 @@
 """onnx-autobatch: on-the-fly operation batching for dynamic computation graphs over ONNX.
 
-Subpackages: ``autobatch.ir`` (the IR and ONNX import/export), ``autobatch.batcher``
-(signatures, schedulers, batching rules, rewrite), ``autobatch.backends`` (executors).
+Subpackages: ``autobatch.ir`` (the IR and ONNX import/export), ``autobatch.frontends``
+(tracing, cells, lockstep programs), ``autobatch.batcher`` (signatures, schedulers, batching
+rules, rewrite), ``autobatch.backends`` (NumPy and onnxruntime executors).
 See DESIGN.md for the data flow.
 """
 
-from autobatch.backends import NumpyBackend
+from autobatch.backends import NumpyBackend, OrtBackend
 from autobatch.batcher import BatchingPass
+from autobatch.frontends import (
+    Batch, Parameter, ProgramFailure, Tensor, TraceError, cell, ops, run_programs,
+)
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.session import InferenceSession
 
 __version__ = "0.1.0"
 
-__all__ = ["BatchingPass", "Graph", "InferenceSession", "NumpyBackend", "from_onnx", "to_onnx", "__version__"]
+__all__ = [
+    "Batch", "BatchingPass", "Graph", "InferenceSession", "NumpyBackend", "OrtBackend", "Parameter",
+    "ProgramFailure", "Tensor", "TraceError", "__version__", "cell", "from_onnx", "ops", "run_programs", "to_onnx",
+]

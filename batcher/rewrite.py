@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.batcher.rules import RULES, Operand, Shape
+from autobatch.batcher.functions import rule_for
+from autobatch.batcher.rules import Operand, Shape
 from autobatch.batcher.signature import is_shared
 from autobatch.ir import Graph, Node, ValueType, captured_names
 
@@ -96,8 +97,8 @@ def has_rule(graph: Graph, node: Node) -> bool:
     ins = operands(graph, node)
     if not any(o is not None and o.stacked for o in ins):
         return True  # identical inputs: one run serves every member
-    rule = RULES.get(node.op_type)
-    if node.domain or rule is None or graph.opset_imports.get("", 1) < MIN_STACKING_OPSET:
+    rule = rule_for(node, graph.functions)
+    if rule is None or graph.opset_imports.get("", 1) < MIN_STACKING_OPSET:
         return False
     outs = output_shapes(graph, node)
     if any(0 in o.shape for o in ins if o is not None and o.stacked) or any(0 in shape for shape in outs):
@@ -262,8 +263,9 @@ class Rewriter:
             for i, o in enumerate(ins)
         ]
         self.emit.batch_size = len(members)
-        results = RULES[first.op_type](self.emit, first, operands(self.graph, first, stacked),
-                                       output_shapes(self.graph, first))
+        rule = rule_for(first, self.graph.functions)
+        assert rule is not None, f"{first} was scheduled as batchable without a rule"
+        results = rule(self.emit, first, operands(self.graph, first, stacked), output_shapes(self.graph, first))
         assert results is not None, f"rule for {first} changed its mind after its dry run"
         self.stats.batched_ops += 1
         n = len(members)

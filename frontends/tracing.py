@@ -177,6 +177,7 @@ class Batch:
         self._pending: weakref.WeakValueDictionary[str, Tensor] = weakref.WeakValueDictionary()
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
         self._parameters: dict[int, str] = {}  # id(Parameter) -> value name
+        self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
         self._shared: dict[tuple, str] = {}
         self._names = itertools.count()
@@ -224,6 +225,7 @@ class Batch:
         if name is None:
             name = self._parameters[id(parameter)] = f"{parameter.name}#{len(self._parameters)}"
             self._weights[name] = parameter.array
+            self.parameters_used[name] = parameter
         return Tensor(self, name, parameter.array.shape, parameter.array.dtype, parameter.array)
 
     def as_tensor(self, value: Any) -> Tensor:
@@ -283,8 +285,8 @@ class Batch:
         self._literals.clear()
         self._pending = weakref.WeakValueDictionary()
 
-    def _graph(self, wanted: list[str]) -> Graph:
-        """The IR graph of the records that lead to ``wanted``, built in bulk."""
+    def records_for(self, wanted: Sequence[str]) -> tuple[list[_Record], set[str]]:
+        """The records that lead to ``wanted`` (in trace order), and every value they read."""
         needed = set(wanted)
         records = []
         for record in reversed(self._records):
@@ -292,6 +294,11 @@ class Batch:
                 records.append(record)
                 needed.update(record.inputs)
         records.reverse()
+        return records, needed
+
+    def _graph(self, wanted: list[str]) -> Graph:
+        """The IR graph of the records that lead to ``wanted``, built in bulk."""
+        records, needed = self.records_for(wanted)
         graph = Graph("batch", OPSET)
         graph.functions = dict(self.functions)
         for domain, _ in self.functions:
