@@ -18,7 +18,8 @@ import numpy as np
 import onnx
 from onnx import FunctionProto, helper
 
-from autobatch.frontends.tracing import OPSET, Batch, Parameter, Tensor, TraceError, _current, current_batch
+from autobatch.frontends.ops import _batch_of
+from autobatch.frontends.tracing import OPSET, Batch, Parameter, Tensor, TraceError, _current
 
 CELL_DOMAIN = "autobatch.cells"
 _cell_ids = itertools.count()
@@ -47,7 +48,7 @@ class Cell:
         self._returns_tuple: bool | None = None
 
     def __call__(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
-        batch = next((a.batch for a in args if isinstance(a, Tensor)), None) or current_batch()
+        batch = _batch_of(*args)
         tensors = [batch.as_tensor(a) for a in args]
         key = tuple((t.shape, t.dtype.str) for t in tensors)
         traced = self._traced.get(key)

@@ -11,24 +11,28 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.frontends.tracing import Batch, Parameter, Tensor, TraceError, attributes, current_batch
+from autobatch.frontends.tracing import Batch, Parameter, Tensor, TraceError, _current, attributes, current_batch
 
 Operand = Tensor | Parameter | np.ndarray | float | int
 
 
 def _batch_of(*values: Any) -> Batch:
-    for value in values:
-        if isinstance(value, Tensor):
-            return value.batch
-    return current_batch()
+    """The batch the operands belong to, which must be the one being traced into, if any."""
+    batch = next((v.batch for v in values if isinstance(v, Tensor)), None)
+    if batch is None:
+        return current_batch()
+    active = _current.get(None)
+    if active is not None and active is not batch:
+        raise TraceError(f"{next(v for v in values if isinstance(v, Tensor))!r} belongs to another batch; "
+                         "values cannot cross batches")
+    return batch
 
 
 def _tensors(op: str, *values: Operand) -> list[Tensor]:
     """Operands as tensors of one batch; Python scalars take the dtype of the tensor operands."""
     batch = _batch_of(*values)
-    dtype = next((v.dtype for v in values if isinstance(v, (Tensor, Parameter)) and hasattr(v, "dtype")), None)
-    if dtype is None:
-        dtype = next((v.array.dtype for v in values if isinstance(v, Parameter)), None)
+    dtypes = [v.dtype if isinstance(v, Tensor) else v.array.dtype for v in values if isinstance(v, (Tensor, Parameter))]
+    dtype = dtypes[0] if dtypes else None
     result = []
     for value in values:
         if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):

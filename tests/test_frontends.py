@@ -1,0 +1,240 @@
+"""The tracing frontend: lazy batched runs, errors at trace time, cells, lockstep programs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import autobatch
+from autobatch import Batch, Parameter, ProgramFailure, TraceError, cell, ops, run_programs
+from autobatch.frontends import ProgramsDidNotFinish
+
+RNG = np.random.default_rng(0)
+W = Parameter((RNG.standard_normal((4, 4)) * 0.5).astype(np.float32), name="W")
+b = Parameter(RNG.standard_normal(4).astype(np.float32), name="b")
+
+
+def chain(x: np.ndarray, steps: int):
+    h = ops.tanh(ops.affine(current(x), W, b))
+    for _ in range(steps - 1):
+        h = ops.tanh(ops.affine(h, W, b))
+    return h
+
+
+def current(x):
+    return autobatch.frontends.current_batch().constant(x)
+
+
+def reference_chain(x: np.ndarray, steps: int) -> np.ndarray:
+    h = x
+    for _ in range(steps):
+        h = np.tanh(h @ W.array + b.array)
+    return h
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_nothing_runs_until_needed_then_everything_runs_batched(backend):
+    inputs = [RNG.standard_normal(4).astype(np.float32) for _ in range(6)]
+    lengths = [1, 3, 2, 3, 5, 1]
+    with Batch(backend=backend) as batch:
+        outputs = [chain(x, n) for x, n in zip(inputs, lengths)]
+        assert all(o.value is None for o in outputs) and not batch.reports
+        values = batch.run(outputs)
+    assert len(batch.reports) == 1
+    report = batch.reports[0]
+    assert report.launches == report.lower_bound < report.nodes
+    for value, x, n in zip(values, inputs, lengths):
+        np.testing.assert_allclose(value, reference_chain(x, n), rtol=1e-5, atol=1e-6)
+
+
+def test_numpy_runs_pending_work_and_values_feed_later_rounds():
+    x = RNG.standard_normal(4).astype(np.float32)
+    with Batch() as batch:
+        first = chain(x, 2)
+        mid = first.numpy()  # runs now
+        np.testing.assert_allclose(mid, reference_chain(x, 2), rtol=1e-5, atol=1e-6)
+        second = ops.tanh(ops.affine(first, W, b))  # a known value used in a new round
+        np.testing.assert_allclose(second.numpy(), reference_chain(x, 3), rtol=1e-5, atol=1e-6)
+    assert len(batch.reports) == 2
+
+
+def test_end_of_block_runs_what_is_pending():
+    x = RNG.standard_normal(4).astype(np.float32)
+    with Batch():
+        out = chain(x, 2)
+    assert out.value is not None
+    np.testing.assert_allclose(out.value, reference_chain(x, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_ops_match_numpy():
+    v = RNG.standard_normal(6).astype(np.float32)
+    m = RNG.standard_normal((6, 3)).astype(np.float32)
+    with Batch() as batch:
+        x, mat = batch.constant(v), batch.constant(m)
+        results = {
+            "concat": (ops.concat([x, x]), np.concatenate([v, v])),
+            "split": (ops.split(x, 3)[1], v[2:4]),
+            "slice": (x[1:4], v[1:4]),
+            "pick": (x[2], v[2]),
+            "softmax": (ops.softmax(x), np.exp(v) / np.exp(v).sum()),
+            "nll": (ops.pick_neg_log_softmax(x, 4), -(v[4] - np.log(np.exp(v).sum()))),
+            "matmul": (x @ mat, v @ m),
+            "transpose": (ops.transpose(mat), m.T),
+            "reshape": (ops.reshape(mat, (3, 6)), m.reshape(3, 6)),
+            "reduce": (ops.reduce_sum(mat, axis=0), m.sum(axis=0)),
+            "esum": (ops.esum([x, x * 2.0, -x]), 2 * v),
+            "arith": ((x - 1.0) / 2.0 + ops.square(x), (v - 1) / 2 + v * v),
+            "relu-exp-log": (ops.log(ops.exp(ops.relu(x)) + 1.0), np.log(np.exp(np.maximum(v, 0)) + 1)),
+        }
+        batch.run([t for t, _ in results.values()])
+    for name, (tensor, expected) in results.items():
+        np.testing.assert_allclose(tensor.numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_shape_mismatch_is_named_at_trace_time():
+    with Batch() as batch:
+        x = batch.constant(np.zeros(3, np.float32))
+        with pytest.raises(TraceError, match=r"MatMul: shapes \(3,\) and \(4, 4\) do not match"):
+            ops.matmul(x, W)
+        with pytest.raises(TraceError, match=r"Add: shapes \[\(3,\), \(4,\)\] do not broadcast"):
+            ops.add(x, b)
+        with pytest.raises(TraceError, match="Concat on axis 0"):
+            ops.concat([x, batch.constant(np.zeros((2, 2), np.float32))])
+        with pytest.raises(TraceError, match="different dtypes"):
+            ops.add(x, batch.constant(np.zeros(3, np.int64)))
+
+
+def test_a_tensor_of_another_batch_is_refused():
+    with Batch() as first:
+        x = first.constant(np.ones(4, np.float32))
+    with Batch():
+        with pytest.raises(TraceError, match="belongs to another batch"):
+            ops.matmul(x, W)
+
+
+def test_tracing_outside_a_batch_is_explained():
+    with pytest.raises(TraceError, match="inside `with autobatch.Batch"):
+        ops.lookup(W, 1)
+
+
+# ----------------------------------------------------------------------------- cells
+@cell
+def step(x, h):
+    return ops.tanh(ops.affine(x, W, b) + h @ W)
+
+
+@cell
+def two_steps(x, h):  # a cell calling a cell
+    return step(x, step(x, h))
+
+
+def test_cells_batch_as_units_and_equal_primitives():
+    xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(5)]
+    with Batch() as batch:
+        via_cells = []
+        for x in xs:
+            h = batch.constant(np.zeros(4, np.float32))
+            for _ in range(3):
+                h = step(batch.constant(x), h)
+            via_cells.append(h)
+        batch.run(via_cells)
+    report = batch.reports[0]
+    assert report.nodes == 15 and report.launches == 3  # one node a call, one launch a step
+    assert step.traced_signatures() == 1
+    for x, h in zip(xs, via_cells):
+        expected = np.zeros(4, np.float32)
+        for _ in range(3):
+            expected = np.tanh(x @ W.array + b.array + expected @ W.array)
+        np.testing.assert_allclose(h.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_nested_cells(backend):
+    x = RNG.standard_normal(4).astype(np.float32)
+    with Batch(backend=backend) as batch:
+        outs = [two_steps(batch.constant(x * k), batch.constant(np.zeros(4, np.float32))) for k in range(3)]
+        batch.run(outs)
+    for k, out in enumerate(outs):
+        h = np.zeros(4, np.float32)
+        for _ in range(2):
+            h = np.tanh(x * k @ W.array + b.array + h @ W.array)
+        np.testing.assert_allclose(out.numpy(), h, rtol=1e-5, atol=1e-6)
+
+
+def test_cell_from_onnx_model():
+    model = onnx.parser.parse_model("""
+    <ir_version: 9, opset_import: ["" : 18]>
+    rnn_step (float[4] x, float[4] h) => (float[4] y) <float[4, 4] U = {1,0,0,0, 0,1,0,0, 0,0,1,0, 0,0,0,1}> {
+        xu = MatMul(x, U)
+        s = Add(xu, h)
+        y = Tanh(s)
+    }
+    """)
+    onnx_step = cell.from_onnx(model)
+    xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(4)]
+    with Batch() as batch:
+        outs = [onnx_step(batch.constant(x), batch.constant(x)) for x in xs]
+        batch.run(outs)
+    assert batch.reports[0].launches == 1
+    for x, out in zip(xs, outs):
+        np.testing.assert_allclose(out.numpy(), np.tanh(2 * x), rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- programs
+async def walk(x0):
+    """Applies a step until the sum passes a threshold: how long depends on the values."""
+    h = autobatch.frontends.current_batch().constant(x0)
+    for steps in range(1, 20):
+        h = ops.tanh(ops.affine(h, W, b))
+        if await ops.reduce_sum(h) > 0.5:
+            return steps
+    return 20
+
+
+def walk_reference(x0):
+    h = x0
+    for steps in range(1, 20):
+        h = np.tanh(h @ W.array + b.array)
+        if h.sum() > 0.5:
+            return steps
+    return 20
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_programs_run_in_lockstep_and_decide_on_values(backend):
+    inputs = [RNG.standard_normal(4).astype(np.float32) for _ in range(8)]
+    assert run_programs(walk, inputs, backend=backend) == [walk_reference(x) for x in inputs]
+
+
+def test_a_failing_program_fails_alone():
+    async def fragile(x):
+        h = await ops.reduce_sum(autobatch.frontends.current_batch().constant(x))
+        if x[0] < 0:
+            raise ValueError("negative start")
+        return float(h)
+
+    results = run_programs(fragile, [np.array([1.0, 2.0], np.float32), np.array([-1.0, 2.0], np.float32)])
+    assert results[0] == 3.0
+    assert isinstance(results[1], ProgramFailure) and "negative start" in str(results[1])
+    assert "Traceback" in results[1].traceback
+
+
+def test_a_program_that_never_ends_is_stopped():
+    async def forever(x):
+        h = autobatch.frontends.current_batch().constant(x)
+        while True:
+            h = ops.tanh(h)
+            await h
+
+    (result,) = run_programs(forever, [np.ones(2, np.float32)], max_rounds=5)
+    assert isinstance(result, ProgramFailure) and isinstance(result.error, ProgramsDidNotFinish)
+
+
+def test_awaiting_something_else_is_an_error():
+    async def odd(x):
+        import asyncio
+        await asyncio.sleep(0)
+
+    (result,) = run_programs(odd, [1])
+    assert isinstance(result, ProgramFailure) and "only autobatch tensors can be awaited" in str(result)
