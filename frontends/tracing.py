@@ -145,15 +145,23 @@ class Parameter:
         return self.array.shape
 
 
-@dataclass
+@dataclass(slots=True)
 class _Record:
     op_type: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
+    inputs: list[str]
+    outputs: list[str]
     attributes: dict[str, AttributeProto]
-    types: tuple[ValueType, ...]
+    types: list[ValueType]
     instance: int
     domain: str = ""
+
+
+_NO_ATTRIBUTES: dict[str, AttributeProto] = {}
+
+
+@functools.lru_cache(maxsize=65536)
+def _tensor_type(dtype: np.dtype, shape: tuple[int, ...]) -> ValueType:
+    return ValueType.tensor(dtype, shape)
 
 
 class Batch:
@@ -174,7 +182,7 @@ class Batch:
         self.scheduler = scheduler
         self._make_runner = make_runner_factory(backend, threads)
         self._records: list[_Record] = []
-        self._pending: weakref.WeakValueDictionary[str, Tensor] = weakref.WeakValueDictionary()
+        self._pending: list[weakref.ref[Tensor]] = []  # outputs of records, alive while someone holds them
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
         self._parameters: dict[int, str] = {}  # id(Parameter) -> value name
         self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
@@ -240,17 +248,26 @@ class Batch:
     def record(self, op_type: str, inputs: Sequence[Tensor | None], shapes: Sequence[tuple[int, ...]],
                dtypes: Sequence[np.dtype], attrs: dict[str, AttributeProto] | None = None,
                domain: str = "") -> list[Tensor]:
-        """Append one op; returns its output tensors (pending)."""
-        for tensor in inputs:  # known values become data of the graph the batch will run
-            if tensor is not None and tensor.value is not None and tensor.name not in self._weights:
-                self._literals[tensor.name] = tensor.value
-        outputs = [f"t{next(self._names)}" for _ in shapes]
-        types = tuple(ValueType.tensor(np.dtype(d), s) for d, s in zip(dtypes, shapes))
-        self._records.append(_Record(op_type, tuple(t.name if t is not None else "" for t in inputs),
-                                     tuple(outputs), attrs or {}, types, self._instance, domain))
-        tensors = [Tensor(self, name, tuple(shape), np.dtype(dtype)) for name, shape, dtype in zip(outputs, shapes, dtypes)]
-        for tensor in tensors:
-            self._pending[tensor.name] = tensor
+        """Append one op; returns its output tensors (pending). This is the per-op cost of
+        tracing, so it does as little as it can."""
+        names = []
+        for tensor in inputs:
+            if tensor is None:
+                names.append("")
+                continue
+            name = tensor.name
+            if tensor.value is not None and name not in self._weights:
+                self._literals[name] = tensor.value  # a known value is data of the graph to run
+            names.append(name)
+        outputs, types, tensors = [], [], []
+        for shape, dtype in zip(shapes, dtypes):
+            name = f"t{next(self._names)}"
+            tensor = Tensor(self, name, shape, dtype)
+            outputs.append(name)
+            types.append(_tensor_type(dtype, shape))
+            tensors.append(tensor)
+            self._pending.append(weakref.ref(tensor))
+        self._records.append(_Record(op_type, names, outputs, attrs or _NO_ATTRIBUTES, types, self._instance, domain))
         return tensors
 
     # ------------------------------------------------------------------ running
@@ -263,7 +280,7 @@ class Batch:
     def run_pending(self) -> None:
         """Batch and run every pending op that leads to a value still held, then forget the
         records: later ops read those values as data."""
-        wanted = [t for t in list(self._pending.values()) if t.value is None]
+        wanted = [t for t in (ref() for ref in self._pending) if t is not None and t.value is None]
         if not wanted:
             self._records.clear()
             self._literals.clear()
@@ -283,7 +300,7 @@ class Batch:
             tensor.value = value if row is None else value[row, ...]  # a view (0-d for scalars)
         self._records.clear()
         self._literals.clear()
-        self._pending = weakref.WeakValueDictionary()
+        self._pending = []
 
     def records_for(self, wanted: Sequence[str]) -> tuple[list[_Record], set[str]]:
         """The records that lead to ``wanted`` (in trace order), and every value they read."""
