@@ -15,11 +15,13 @@ from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache
-from autobatch.batcher import BatchingPass, BatchReport
+from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.fold import constants_to_initializers
+from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, ValueType, from_onnx
 
 BACKENDS = ("numpy", "onnxruntime")
+CONTROL_FLOW = ("If", "Loop", "Scan")
 # A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
 WHOLE_PLAN_AFTER = 2
 
@@ -75,6 +77,8 @@ class InferenceSession:
         self.stats: SessionStats | None = None
         self._typed: dict[tuple, Graph] = {}
         self._plans: dict[tuple, _Plan] = {}
+        # Control flow is unrolled per instance from its values, so such plans are not reused.
+        self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
         if backend == "onnxruntime":
             self.cache = SessionCache(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
@@ -108,16 +112,17 @@ class InferenceSession:
                 checked.append(check_feeds(self.graph, feeds))
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
-        key = tuple(_input_signature(feeds) for feeds in checked)
-        plan = self._plans.get(key)
+        key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
+        plan = self._plans.get(key) if key is not None else None
         cached = plan is not None
         if plan is None:
-            union = Graph.union([self._typed_graph(feeds) for feeds in checked])
-            seconds["build"] = time.perf_counter() - start
-            result = self.batching(union)
+            result = self.plan(checked)
+            seconds["build"] = time.perf_counter() - start - sum(result.report.seconds.values())
             seconds.update(result.report.seconds)
             start = time.perf_counter()
-            plan = self._plans[key] = _Plan(result.report, result.graph, self._runner(result.graph, whole=False))
+            plan = _Plan(result.report, result.graph, self._runner(result.graph, whole=False))
+            if key is not None:
+                self._plans[key] = plan
             seconds["prepare"] = time.perf_counter() - start
         plan.uses += 1
         if self.backend == "onnxruntime" and plan.uses == WHOLE_PLAN_AFTER:
@@ -137,6 +142,10 @@ class InferenceSession:
         width = len(names)
         return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
 
+    def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
+        """The batched graph for these instances (what ``run_batch`` runs), with its report."""
+        return self.batching(Graph.union([self._typed_graph(feeds) for feeds in feeds_list]))
+
     def _runner(self, graph: Graph, whole: bool) -> Interpreter | OrtExecutor:
         if self.backend == "onnxruntime":
             return OrtExecutor(graph, self.cache, whole=whole or None)
@@ -151,7 +160,11 @@ class InferenceSession:
 
     def _typed_graph(self, feeds: Mapping[str, Any]) -> Graph:
         """The model with its inputs' concrete types and every value's shape inferred, cached
-        per distinct input signature."""
+        per distinct input signature; a model with control flow unrolled for these values."""
+        if self._control_flow:
+            graph = unroll_instance(self.graph, feeds)
+            constants_to_initializers(graph)
+            return graph
         key = _input_signature(feeds)
         graph = self._typed.get(key)
         if graph is None:

@@ -101,6 +101,9 @@ class _Unroller:
         if tag and constant is not None:  # one shared value instead of a node per iteration
             scope[node.output[0]] = self.constant(constant, node.output[0])
             return
+        if tag and node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+            scope[node.output[0]] = inputs[0]  # a body passing a value on: no launch for it
+            return
         self.copy(node, inputs, scope, tag)
 
     def copy(self, node: NodeProto, inputs: list[str], scope: Scope, tag: str) -> None:
@@ -309,6 +312,9 @@ class _Unroller:
             return None
         if value.is_shared:
             return value.const
+        node = self.out.producer(name)[0]  # type: ignore[index]
+        if node.op_type == "Identity" and not node.domain:  # a loop condition passed on: no run
+            return self.evaluate(node.inputs[0])
         needed = self._unevaluated_ancestors(name)
         sub = self.out.subgraph(needed, name="evaluate")
         sub.outputs = [o for i in sorted(needed) for o in self.out.nodes[i].outputs if o]  # memoize all

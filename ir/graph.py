@@ -453,16 +453,21 @@ def _short(value: Any) -> str:
 
 
 def _common_constants(graphs: Sequence[Graph]) -> dict[str, np.ndarray]:
-    """Constants present under the same name with equal contents in every graph."""
-    first = graphs[0].initializers()
+    """Constants (not literals) with equal contents under the same name in every graph that
+    has them: one shared value in the union."""
     common: dict[str, np.ndarray] = {}
-    for name, array in first.items():
-        if graphs[0].values[name].literal:
-            continue
-        others = [g.values.get(name) for g in graphs[1:]]
-        if all(v is not None and v.const is not None and _same_array(v.const, array) for v in others):
-            common[name] = array
-    return common
+    conflicting: set[str] = set()
+    for graph in graphs:
+        for name, value in graph.values.items():
+            if value.const is None or name in conflicting:
+                continue
+            if value.literal:
+                conflicting.add(name)
+            elif name not in common:
+                common[name] = value.const
+            elif not _same_array(common[name], value.const):
+                conflicting.add(name)
+    return {name: array for name, array in common.items() if name not in conflicting}
 
 
 def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
