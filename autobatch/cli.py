@@ -1,4 +1,5 @@
-"""The ``autobatch`` command line (``python -m autobatch`` works too)."""
+"""The ``autobatch`` command line (``python -m autobatch`` works too). Conventions of ONNX
+tools: positional input, ``-o`` for the output, a nonzero exit and a one-line error."""
 
 from __future__ import annotations
 
@@ -15,11 +16,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command")
+
     demo = commands.add_parser("demo", help="batch a Tree-LSTM over synthetic trees and compare with one-by-one")
     demo.add_argument("--trees", type=int, default=64, help="number of trees (default 64)")
     demo.add_argument("--size", type=int, default=256, help="hidden and embedding size (default 256)")
     demo.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="level")
     demo.add_argument("-o", "--output", default="autobatch-demo.onnx", help="where to write the batched model")
+
+    inspect = commands.add_parser("inspect", help="ops, inputs and outputs, signature groups and the batch plan")
+    inspect.add_argument("model")
+    inspect.add_argument("--instances", type=int, default=4, help="plan a batch of this many random instances (0: none)")
+    inspect.add_argument("--draw", metavar="FILE", help="draw the graph to a .png or .svg file")
+
+    rewrite = commands.add_parser("rewrite", help="ONNX in, batched ONNX out: batch isomorphic nodes inside one graph")
+    rewrite.add_argument("model")
+    rewrite.add_argument("-o", "--output", required=True)
+    rewrite.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="level")
+    rewrite.add_argument("--check", action="store_true", help="run both models on onnxruntime and compare")
+
+    run = commands.add_parser("run", help="batched inference over a file of instances")
+    run.add_argument("model")
+    run.add_argument("--inputs", required=True, help=".npz (arrays <index>/<input>) or .jsonl (one instance a line)")
+    run.add_argument("-o", "--output", required=True, help=".npz or .jsonl")
+    run.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
+    run.add_argument("--batch-size", type=int, default=64)
+    run.add_argument("--no-progress", action="store_true")
     return parser
 
 
@@ -32,14 +53,36 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return _dispatch(parser, args)
+    except (OSError, ValueError, RuntimeError) as error:  # our errors name what is wrong: one line
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"autobatch {args.command}: error: {message}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from autobatch import tools
+
     if args.command == "demo":
         from autobatch.demo import run_demo
 
         if args.trees < 1 or args.size < 1:
             parser.error("--trees and --size must be positive")
         run_demo(args.trees, args.size, args.scheduler, args.output)
-        return 0
-    parser.print_help()
+    elif args.command == "inspect":
+        tools.inspect_model(args.model, args.instances, args.draw, print)
+    elif args.command == "rewrite":
+        tools.rewrite_model(args.model, args.output, args.scheduler, args.check, print)
+    elif args.command == "run":
+        if args.batch_size < 1:
+            parser.error("--batch-size must be positive")
+        _, failed = tools.run_file(args.model, args.inputs, args.output, args.backend, args.batch_size, print,
+                                   progress=not args.no_progress)
+        return 2 if failed else 0
     return 0
 
 

@@ -1,0 +1,247 @@
+"""What the command line does: inspect a model, rewrite it batched, run it over files."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from autobatch.backends import FeedError
+from autobatch.backends.interpreter import check_feeds
+from autobatch.batcher import BatchingPass
+from autobatch.batcher.fold import constants_to_initializers
+from autobatch.batcher.signature import describe, node_signature
+from autobatch.ir import Graph, from_onnx, load_model, to_onnx
+from autobatch.session import InferenceSession
+
+Print = Callable[[str], None]
+
+
+def random_feeds(graph: Graph, rng: np.random.Generator, symbolic: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs of the declared dtypes; a symbolic dimension takes its value from
+    ``symbolic`` or a random size from 1 to 8."""
+    sizes = dict(symbolic or {})
+    feeds = {}
+    for name in graph.inputs:
+        vtype = graph.values[name].type
+        if vtype is None or vtype.shape is None or vtype.dtype is None:
+            raise FeedError(f"input {name!r} has no declared dtype and shape; random inputs need them")
+        shape = [d if isinstance(d, int) else sizes.setdefault(str(d), int(rng.integers(1, 9))) for d in vtype.shape]
+        if vtype.dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(vtype.dtype)
+        elif vtype.dtype.kind == "b":
+            feeds[name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            feeds[name] = rng.integers(0, 3, shape).astype(vtype.dtype)
+    return feeds
+
+
+def op_counts(graph: Graph) -> Counter[str]:
+    return Counter(node.qualified_op for node in graph.nodes.values())
+
+
+def _type_text(graph: Graph, name: str) -> str:
+    vtype = graph.values[name].type
+    return repr(vtype) if vtype is not None else "?"
+
+
+# ----------------------------------------------------------------------------- inspect
+def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> None:
+    graph = from_onnx(path)
+    out(f"{path}: graph {graph.name!r}, {len(graph)} nodes, opsets {graph.opset_imports}")
+    for kind, names in (("input", graph.inputs), ("output", graph.outputs)):
+        for name in names:
+            out(f"  {kind:<6} {name}: {_type_text(graph, name)}")
+    out("  ops: " + ", ".join(f"{op} x{n}" for op, n in op_counts(graph).most_common()))
+    classes = Counter(node_signature(graph, n) for n in graph.nodes.values())
+    out(f"  signature classes in one instance: {len(classes)} ({classes.get(None, 0)} nodes without static shapes)")
+    for signature, count in classes.most_common(5):
+        out(f"    {count:>5} x {describe(signature)}")
+    if instances > 0:
+        rng = np.random.default_rng(0)
+        session = InferenceSession(graph)
+        report = session.plan([random_feeds(graph, rng) for _ in range(instances)]).report
+        out(f"  plan for {instances} instances (random sizes for symbolic dimensions): {report}")
+    if draw:
+        graph.draw(draw)
+        out(f"  drawn to {draw}")
+
+
+# ----------------------------------------------------------------------------- rewrite
+@dataclass
+class RewriteResult:
+    before: Counter[str]
+    after: Counter[str]
+    latency_before_ms: float | None = None
+    latency_after_ms: float | None = None
+    max_difference: float | None = None
+
+
+def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
+    """Batch the isomorphic nodes inside one graph (parallel branches: K copies of a cell,
+    the unrolled per-example loop of an exporter). Inputs and outputs keep their names,
+    order and types."""
+    work = Graph.union([graph], rename=lambda _k, name: name)
+    constants_to_initializers(work)
+    result = BatchingPass(scheduler)(work).graph
+    for name in [*graph.inputs, *graph.outputs]:
+        result.values[name].type = graph.values[name].type
+    result.name = graph.name
+    return result
+
+
+def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print) -> RewriteResult:
+    original = load_model(source)
+    graph = from_onnx(original)
+    batched = batch_one_graph(graph, scheduler)
+    model = to_onnx(batched)
+    onnx.save(model, target)
+    result = RewriteResult(op_counts(graph), op_counts(batched))
+    out(f"{'op':<24}{'before':>8}{'after':>8}")
+    for op in sorted(set(result.before) | set(result.after)):
+        out(f"{op:<24}{result.before[op]:>8}{result.after[op]:>8}")
+    out(f"{'total':<24}{sum(result.before.values()):>8}{sum(result.after.values()):>8}")
+    if check:
+        feeds = random_feeds(graph, np.random.default_rng(0))
+        expected, result.latency_before_ms = _ort_run_timed(original, feeds)
+        got, result.latency_after_ms = _ort_run_timed(model, feeds)
+        result.max_difference = max(
+            (float(np.max(np.abs(e.astype(np.float64) - g))) if e.size else 0.0 for e, g in zip(expected, got)), default=0.0)
+        for e, g, name in zip(expected, got, graph.outputs):
+            if e.shape != g.shape or e.dtype != g.dtype or not np.allclose(g, e, rtol=1e-4, atol=1e-5):
+                raise ValueError(f"check failed: output {name!r} differs after the rewrite "
+                                 f"(largest difference {result.max_difference:.3g})")
+        out(f"check: outputs equal (largest difference {result.max_difference:.3g}); onnxruntime latency "
+            f"{result.latency_before_ms:.3f} ms before, {result.latency_after_ms:.3f} ms after")
+    out(f"wrote {target}")
+    return result
+
+
+def _ort_run_timed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats: int = 20) -> tuple[list[np.ndarray], float]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    outputs = session.run(None, feeds)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return outputs, float(np.median(times)) * 1e3
+
+
+# ----------------------------------------------------------------------------- run
+def read_instances(path: str, graph: Graph) -> list[dict[str, np.ndarray] | str]:
+    """Instances from ``.npz`` (arrays named ``<index>/<input>``) or ``.jsonl`` (one object
+    per line, input name -> nested lists); a line that cannot be read becomes its error text."""
+    suffix = Path(path).suffix
+    if suffix == ".npz":
+        instances: dict[int, dict[str, np.ndarray]] = {}
+        with np.load(path, allow_pickle=False) as data:
+            for key in data.files:
+                index, _, name = key.partition("/")
+                if not index.isdigit() or not name:
+                    raise ValueError(f"{path}: array {key!r} is not named <index>/<input name>")
+                instances.setdefault(int(index), {})[name] = data[key]
+        return [instances[k] for k in sorted(instances)]
+    if suffix == ".jsonl":
+        result: list[dict[str, np.ndarray] | str] = []
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    result.append(_json_instance(line, number, graph))
+        return result
+    raise ValueError(f"{path}: inputs must be a .npz or a .jsonl file")
+
+
+def _json_instance(line: str, number: int, graph: Graph) -> dict[str, np.ndarray] | str:
+    try:
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            return f"line {number}: expected a JSON object of input name -> array"
+        feeds = {}
+        for name, value in record.items():
+            declared = graph.values[name].type if name in graph.values else None
+            dtype = declared.dtype if declared is not None and declared.dtype is not None else None
+            feeds[name] = np.asarray(value, dtype=dtype)
+        return feeds
+    except (ValueError, TypeError) as error:
+        return f"line {number}: {error}"
+
+
+def run_file(model: str, inputs: str, output: str, backend: str, batch_size: int, out: Print,
+             progress: bool = True) -> tuple[int, int]:
+    """Batched inference over a file of instances; returns (succeeded, failed)."""
+    from tqdm import tqdm
+
+    if Path(output).suffix not in (".npz", ".jsonl"):
+        raise ValueError(f"{output}: results go to a .npz or a .jsonl file")
+    session = InferenceSession(model, backend=backend)
+    instances = read_instances(inputs, session.graph)
+    results: list[list[np.ndarray] | str] = [[] for _ in instances]
+    with tqdm(total=len(instances), unit="instance", disable=not progress) as bar:
+        for start in range(0, len(instances), batch_size):
+            chunk = list(range(start, min(start + batch_size, len(instances))))
+            _run_chunk(session, instances, chunk, results)
+            bar.update(len(chunk))
+    _write_results(output, session.graph.outputs, results)
+    failed = sum(isinstance(r, str) for r in results)
+    out(f"{len(instances) - failed} instances ran, {failed} failed; results in {output}")
+    return len(instances) - failed, failed
+
+
+def _run_chunk(session: InferenceSession, instances: Sequence[Any], chunk: list[int],
+               results: list[list[np.ndarray] | str]) -> None:
+    """Run the good instances of a chunk batched; a bad one gets its error and the rest go on.
+    If the batched run itself fails, each instance runs alone so that only the guilty fail."""
+    good = []
+    for k in chunk:
+        instance = instances[k]
+        if isinstance(instance, str):
+            results[k] = instance
+            continue
+        try:
+            check_feeds(session.graph, instance)
+            good.append(k)
+        except FeedError as error:
+            results[k] = str(error)
+    if not good:
+        return
+    try:
+        for k, outputs in zip(good, session.run_batch(None, [instances[k] for k in good])):
+            results[k] = outputs
+    except Exception:  # isolate the instance that breaks the batch
+        for k in good:
+            try:
+                results[k] = session.run(None, instances[k])
+            except Exception as error:
+                results[k] = f"{type(error).__name__}: {error}"
+
+
+def _write_results(path: str, names: Sequence[str], results: Sequence[list[np.ndarray] | str]) -> None:
+    suffix = Path(path).suffix
+    if suffix == ".npz":
+        arrays = {}
+        for k, result in enumerate(results):
+            if isinstance(result, str):
+                arrays[f"{k}/error"] = np.array(result)
+            else:
+                arrays.update({f"{k}/{name}": value for name, value in zip(names, result)})
+        np.savez(path, **arrays)
+    else:
+        with open(path, "w") as f:
+            for k, result in enumerate(results):
+                record: dict[str, Any] = {"index": k}
+                if isinstance(result, str):
+                    record["error"] = result
+                else:
+                    record["outputs"] = {name: value.tolist() for name, value in zip(names, result)}
+                f.write(json.dumps(record) + "\n")

@@ -1,0 +1,149 @@
+"""The command line, end to end, as a subprocess: inspect, rewrite, run, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from autobatch.tools import batch_one_graph, op_counts
+from autobatch.ir import from_onnx
+from tests.test_onnx_io import ort_run
+
+D, H, K = 8, 16, 6
+
+
+def autobatch_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autobatch", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def lstm_copies_model(copies: int = K) -> onnx.ModelProto:
+    """K copies of one LSTM cell on different inputs, sharing the weights."""
+    inputs, outputs, body = [], [], []
+    for k in range(copies):
+        inputs += [f"float[1, {D}] x{k}", f"float[1, {H}] h{k}", f"float[1, {H}] c{k}"]
+        outputs += [f"float[1, {H}] hn{k}", f"float[1, {H}] cn{k}"]
+        body += [
+            f"xw{k} = MatMul(x{k}, W)", f"hu{k} = MatMul(h{k}, U)", f"s{k} = Add(xw{k}, hu{k})", f"g{k} = Add(s{k}, B)",
+            f"i{k}, f{k}, o{k}, u{k} = Split <axis = 1, num_outputs = 4> (g{k})",
+            f"si{k} = Sigmoid(i{k})", f"sf{k} = Sigmoid(f{k})", f"so{k} = Sigmoid(o{k})", f"tu{k} = Tanh(u{k})",
+            f"fc{k} = Mul(sf{k}, c{k})", f"iu{k} = Mul(si{k}, tu{k})", f"cn{k} = Add(fc{k}, iu{k})",
+            f"tc{k} = Tanh(cn{k})", f"hn{k} = Mul(so{k}, tc{k})",
+        ]
+    text = (f'<ir_version: 9, opset_import: ["" : 18]>\ncells ({", ".join(inputs)}) => ({", ".join(outputs)})\n'
+            f"<float[{D}, {4 * H}] W, float[{H}, {4 * H}] U, float[{4 * H}] B> {{\n" + "\n".join(body) + "\n}")
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(0)
+    for name, shape in (("W", (D, 4 * H)), ("U", (H, 4 * H)), ("B", (4 * H,))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name))
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_rewrite_batches_parallel_lstm_cells(tmp_path: Path):
+    source, target = tmp_path / "cells.onnx", tmp_path / "batched.onnx"
+    onnx.save(lstm_copies_model(), source)
+    result = autobatch_cli("rewrite", str(source), "-o", str(target), "--check")
+    assert result.returncode == 0, result.stderr
+    print(result.stdout)  # the before/after table and the latencies, in the test log
+    assert "check: outputs equal" in result.stdout and "ms before" in result.stdout
+    before, after = onnx.load(source), onnx.load(target)
+    onnx.checker.check_model(after)
+    assert len(after.graph.node) < len(before.graph.node)
+    for kind in ("input", "output"):
+        assert [(v.name, v.type) for v in getattr(before.graph, kind)] == [(v.name, v.type) for v in getattr(after.graph, kind)]
+    counts = op_counts(from_onnx(after))
+    # K copies -> one batched op each; the three gates of all copies -> one Sigmoid
+    assert counts["MatMul"] == 2 and counts["Sigmoid"] == 1
+
+
+def test_rewrite_keeps_results_of_a_graph_with_nothing_to_batch(tmp_path: Path):
+    model = onnx.parser.parse_model("""
+    <ir_version: 9, opset_import: ["" : 18]>
+    g (float[2, 3] x) => (float[2, 3] y) { a = Relu(x)  y = Tanh(a) }
+    """)
+    rewritten = batch_one_graph(from_onnx(model))
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    from autobatch.ir import to_onnx
+
+    np.testing.assert_allclose(ort_run(to_onnx(rewritten), {"x": x})[0], np.tanh(np.maximum(x, 0)), rtol=1e-6)
+
+
+def test_inspect_prints_ops_io_groups_and_plan(tmp_path: Path):
+    source = tmp_path / "cells.onnx"
+    onnx.save(lstm_copies_model(2), source)
+    result = autobatch_cli("inspect", str(source), "--instances", "3", "--draw", str(tmp_path / "g.svg"))
+    assert result.returncode == 0, result.stderr
+    assert "input  x0: FLOAT[1,8]" in result.stdout and "output hn1: FLOAT[1,16]" in result.stdout
+    assert "MatMul x4" in result.stdout and "signature classes" in result.stdout
+    assert "plan for 3 instances" in result.stdout and "lower bound" in result.stdout
+    assert (tmp_path / "g.svg").read_bytes().lstrip().startswith((b"<?xml", b"<svg"))
+
+
+@pytest.mark.parametrize("command", ["inspect", "rewrite", "run"])
+def test_missing_and_non_onnx_files(tmp_path: Path, command: str):
+    extra = {"inspect": [], "rewrite": ["-o", str(tmp_path / "o.onnx")],
+             "run": ["--inputs", str(tmp_path / "i.jsonl"), "-o", str(tmp_path / "o.jsonl")]}[command]
+    (tmp_path / "i.jsonl").write_text("{}\n")
+    missing = autobatch_cli(command, str(tmp_path / "absent.onnx"), *extra)
+    assert missing.returncode == 1 and "no such file" in missing.stderr and len(missing.stderr.splitlines()) == 1
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a model at all")
+    garbage = autobatch_cli(command, str(junk), *extra)
+    assert garbage.returncode == 1 and "not an ONNX model" in garbage.stderr
+
+
+RUN_MODEL = """
+<ir_version: 9, opset_import: ["" : 18]>
+g (float[N, 3] x) => (float[N] s) <float[3, 3] W = {1, 0, 0, 0, 2, 0, 0, 0, 3}> {
+    h = MatMul(x, W)
+    t = Tanh(h)
+    one = Constant <value_ints = [1]> ()
+    s = ReduceSum <keepdims = 0> (t, one)
+}
+"""
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".npz"])
+def test_run_over_a_file_with_one_bad_instance(tmp_path: Path, suffix: str):
+    model_path = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model(RUN_MODEL), model_path)
+    rng = np.random.default_rng(2)
+    good = [rng.standard_normal((n, 3)).astype(np.float32) for n in (2, 5, 1, 3)]
+    bad = rng.standard_normal((2, 4)).astype(np.float32)  # wrong width
+    instances = [good[0], good[1], bad, good[2], good[3]]
+    inputs, output = tmp_path / f"in{suffix}", tmp_path / f"out{suffix}"
+    if suffix == ".npz":
+        np.savez(inputs, **{f"{k}/x": x for k, x in enumerate(instances)})
+    else:
+        lines = [json.dumps({"x": x.tolist()}) for x in instances] + ['{"y": [[1, 2, 3]]}', "not json"]
+        inputs.write_text("\n".join(lines) + "\n")
+    result = autobatch_cli("run", str(model_path), "--inputs", str(inputs), "-o", str(output), "--batch-size", "3",
+                           "--no-progress")
+    assert result.returncode == 2, result.stderr  # some instances failed
+    expected = [np.tanh(x @ np.diag([1, 2, 3]).astype(np.float32)).sum(axis=1) for x in good]
+    if suffix == ".npz":
+        with np.load(output) as data:
+            values = {k: data[f"{k}/s"] for k in (0, 1, 3, 4)}
+            assert "shape (2, 4)" in str(data["2/error"])
+    else:
+        records = [json.loads(line) for line in output.read_text().splitlines()]
+        values = {r["index"]: np.array(r["outputs"]["s"]) for r in records if "outputs" in r}
+        errors = {r["index"]: r["error"] for r in records if "error" in r}
+        assert "shape (2, 4)" in errors[2] and "unknown input" in errors[5] and "line 7" in errors[6]
+    for k, want in zip((0, 1, 3, 4), expected):
+        np.testing.assert_allclose(values[k], want, rtol=1e-5, atol=1e-6)
+    assert "4 instances ran, " in result.stdout
+
+
+def test_run_rejects_an_unknown_output_format(tmp_path: Path):
+    model_path = tmp_path / "m.onnx"
+    onnx.save(onnx.parser.parse_model(RUN_MODEL), model_path)
+    (tmp_path / "i.jsonl").write_text('{"x": [[1, 2, 3]]}\n')
+    result = autobatch_cli("run", str(model_path), "--inputs", str(tmp_path / "i.jsonl"), "-o", str(tmp_path / "o.csv"))
+    assert result.returncode == 1 and "results go to a .npz or a .jsonl file" in result.stderr
