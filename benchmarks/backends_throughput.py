@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from autobatch.backends import Interpreter, OrtExecutor, SessionCache
+from autobatch.backends.ort_runtime import CPU, CUDA
 from autobatch.batcher import BatchingPass
 from autobatch.ir import Graph, from_onnx
 from benchmarks.batcher_launches import sentence_graphs, tree_graphs
@@ -54,10 +55,10 @@ def timed(run: Callable[[], list], repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def compare(name: str, graphs: list[Graph], threads: int, repeats: int) -> None:
+def compare(name: str, graphs: list[Graph], threads: int, repeats: int, providers: list[str] | None) -> None:
     n = len(graphs)
     alone = [Interpreter(g).run({})[0] for g in graphs]
-    cache = SessionCache(threads=threads)
+    cache = SessionCache(providers, threads=threads)
     interpreters = [Interpreter(g) for g in graphs]
     executors = [OrtExecutor(g, cache, whole=False) for g in graphs]
 
@@ -93,11 +94,18 @@ def main() -> None:
     parser.add_argument("--minibatch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--providers", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: CUDA when it loads, else the CPU")
     args = parser.parse_args()
-    print(f"onnxruntime {ort.__version__} on {SessionCache().providers[0]}, {args.threads} threads")
+    providers = {"auto": None, "cpu": [CPU], "cuda": [CUDA, CPU]}[args.providers]
+    cache = SessionCache(providers)
+    if args.providers == "cuda" and not cache.on_cuda:
+        raise SystemExit("the CUDA execution provider is not available here")
+    print(f"onnxruntime {ort.__version__} on {cache.providers[0]}, {args.threads} threads")
     launch_overhead()
-    compare("Tree-LSTM (size 256)", tree_graphs(args.minibatch)[0], args.threads, args.repeats)
-    compare("BiLSTM tagger (size 256)", sentence_graphs(args.minibatch)[0], args.threads, args.repeats)
+    for name, graphs in (("Tree-LSTM (size 256)", tree_graphs(args.minibatch)[0]),
+                         ("BiLSTM tagger (size 256)", sentence_graphs(args.minibatch)[0])):
+        compare(name, graphs, args.threads, args.repeats, providers)
 
 
 if __name__ == "__main__":

@@ -147,3 +147,30 @@ def test_run_rejects_an_unknown_output_format(tmp_path: Path):
     (tmp_path / "i.jsonl").write_text('{"x": [[1, 2, 3]]}\n')
     result = autobatch_cli("run", str(model_path), "--inputs", str(tmp_path / "i.jsonl"), "-o", str(tmp_path / "o.csv"))
     assert result.returncode == 1 and "results go to a .npz or a .jsonl file" in result.stderr
+
+
+def test_rewrite_a_pytorch_export_with_a_python_loop_over_branches(tmp_path: Path):
+    torch = pytest.importorskip("torch")  # .ci/run installs the CPU build of torch 2.13
+
+    class Branches(torch.nn.Module):
+        def __init__(self, branches: int = 4) -> None:
+            super().__init__()
+            self.branches = branches
+            self.cell = torch.nn.Linear(8, 16)
+            self.out = torch.nn.Linear(16, 3)
+
+        def forward(self, x):  # one branch a row, looped over in Python: the exporter unrolls it
+            return torch.stack([torch.log_softmax(self.out(torch.tanh(self.cell(x[i]))), dim=-1)
+                                for i in range(self.branches)])
+
+    torch.manual_seed(0)
+    source, target = tmp_path / "branches.onnx", tmp_path / "batched.onnx"
+    with pytest.warns(DeprecationWarning):  # the TorchScript exporter; the new one needs onnxscript
+        torch.onnx.export(Branches().eval(), (torch.randn(4, 1, 8),), str(source), dynamo=False, opset_version=17)
+    result = autobatch_cli("rewrite", str(source), "-o", str(target), "--check")
+    assert result.returncode == 0, result.stderr
+    print(result.stdout)
+    assert "check: outputs equal" in result.stdout
+    before, after = op_counts(from_onnx(source)), op_counts(from_onnx(target))
+    assert before["Gemm"] == 8 and after["Gemm"] == 2 and after["Tanh"] == 1 and after["LogSoftmax"] == 1
+    assert sum(after.values()) < sum(before.values())
