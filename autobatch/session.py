@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,13 +178,20 @@ class InferenceSession:
         return graph
 
 
+@functools.cache
+def shared_session_cache(threads: int = 0) -> SessionCache:
+    """One session cache per thread count for every traced batch in this process: a segment
+    compiled for one batch serves the next."""
+    return SessionCache(threads=threads)
+
+
 def make_runner_factory(backend: str, threads: int = 0) -> Callable[[Graph], Interpreter | OrtExecutor]:
     """What runs a batched graph on ``backend``; onnxruntime sessions are shared by every
     graph the factory makes a runner for."""
     if backend == "numpy":
         return Interpreter
     if backend == "onnxruntime":
-        cache = SessionCache(threads=threads)
+        cache = shared_session_cache(threads)
         return lambda graph: OrtExecutor(graph, cache)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 

@@ -162,14 +162,30 @@ def axis_shifted(e: Emitter, node: Node, ins: list[Operand | None], outs: list[S
     """Ops over one axis: the same op one axis further right. (Softmax before opset 13 coerces
     to 2-D at its axis; the batch axis joins the outer part, so the shift holds there too.)"""
     data = [o for o in ins if o is not None]
-    if node.op_type == "Concat" and not all(o.stacked for o in data):
-        return None
+    if node.op_type == "Concat":
+        return _concat(e, node, data)
     if not data[0].stacked or any(o.stacked for o in data[1:] if node.op_type == "Split"):
         return None
     axis = node.attr("axis", _default_axis(node))
     attributes = dict(node.attributes)
     attributes["axis"] = _shift([axis], data[0].rank)[0]
     return e.op(node.op_type, [o.name if o else "" for o in ins], attributes, len(node.outputs))
+
+
+def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | None:
+    """Concat one axis further right; a shared part (a padding vector, a bias row) is
+    broadcast to every instance first."""
+    if not any(o.stacked for o in parts):
+        return None
+    names = []
+    for part in parts:
+        if part.stacked:
+            names.append(part.name)
+        else:
+            lifted = e.op("Reshape", [part.name, e.const(np.array([1, *part.shape], dtype=np.int64))])[0]
+            names.append(e.op("Expand", [lifted, e.const(np.array([e.batch_size, *part.shape], dtype=np.int64))])[0])
+    axis = _shift([node.attr("axis", 1 if node.version < 4 else 0)], parts[0].rank)[0]
+    return e.op("Concat", names, {"axis": axis})
 
 
 @rule("Gather")

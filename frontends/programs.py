@@ -34,11 +34,13 @@ class ProgramsDidNotFinish(RuntimeError):
 
 
 def run_programs(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], backend: str = "numpy",
-                 scheduler: str = "level", max_rounds: int = 10_000, threads: int = 0) -> list[Any]:
+                 scheduler: str = "level", max_rounds: int = 10_000, threads: int = 0,
+                 batch: Batch | None = None) -> list[Any]:
     """Results of ``fn(x)`` for each input, in order. A program that raises gets a
-    ``ProgramFailure`` in its place; the others complete."""
+    ``ProgramFailure`` in its place; the others complete. Pass ``batch`` to trace into a
+    batch of your own (and read its ``reports`` afterwards)."""
     results: list[Any] = [None] * len(inputs)
-    with Batch(backend, scheduler, threads) as batch:
+    with batch if batch is not None else Batch(backend, scheduler, threads) as batch:
         programs = {k: fn(x) for k, x in enumerate(inputs)}
         awaited: dict[int, Tensor | None] = dict.fromkeys(programs)
         for round_ in range(max_rounds + 1):

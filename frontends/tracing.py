@@ -184,7 +184,7 @@ class Batch:
         self._records: list[_Record] = []
         self._pending: list[weakref.ref[Tensor]] = []  # outputs of records, alive while someone holds them
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
-        self._parameters: dict[int, str] = {}  # id(Parameter) -> value name
+        self._parameters: dict[int, Tensor] = {}  # id(Parameter) -> its tensor in this batch
         self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
         self._shared: dict[tuple, str] = {}
@@ -229,12 +229,14 @@ class Batch:
         return Tensor(self, name, array.shape, array.dtype, array)
 
     def parameter(self, parameter: Parameter) -> Tensor:
-        name = self._parameters.get(id(parameter))
-        if name is None:
-            name = self._parameters[id(parameter)] = f"{parameter.name}#{len(self._parameters)}"
+        tensor = self._parameters.get(id(parameter))
+        if tensor is None:  # one tensor per parameter and batch: a cell call reuses it
+            name = f"{parameter.name}#{len(self._parameters)}"
+            tensor = self._parameters[id(parameter)] = Tensor(self, name, parameter.array.shape,
+                                                              parameter.array.dtype, parameter.array)
             self._weights[name] = parameter.array
             self.parameters_used[name] = parameter
-        return Tensor(self, name, parameter.array.shape, parameter.array.dtype, parameter.array)
+        return tensor
 
     def as_tensor(self, value: Any) -> Tensor:
         if isinstance(value, Tensor):

@@ -238,3 +238,22 @@ def test_awaiting_something_else_is_an_error():
 
     (result,) = run_programs(odd, [1])
     assert isinstance(result, ProgramFailure) and "only autobatch tensors can be awaited" in str(result)
+
+
+def test_concat_with_a_shared_parameter_batches():
+    pad = Parameter(np.arange(4, dtype=np.float32), name="pad")
+    table = Parameter(RNG.standard_normal((10, 4)).astype(np.float32), name="table")
+    with Batch() as batch:
+        rows = [ops.concat([ops.lookup(table, i), pad]) for i in (3, 1, 7)]
+        batch.run(rows)
+    report = batch.reports[0]
+    assert report.fallback_nodes == 0 and report.launches == 2  # one Gather, one Concat
+    for i, row in zip((3, 1, 7), rows):
+        np.testing.assert_array_equal(row.numpy(), np.concatenate([table.array[i], pad.array]))
+
+
+def test_run_programs_into_a_batch_of_ones_own():
+    batch = Batch()
+    inputs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
+    assert run_programs(walk, inputs, batch=batch) == [walk_reference(x) for x in inputs]
+    assert batch.reports and all(r.launches >= r.lower_bound for r in batch.reports)

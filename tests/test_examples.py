@@ -1,0 +1,184 @@
+"""The seed paper's four models in examples/: batched results equal each instance run alone,
+the primitive and cell forms agree, and the parser's lockstep parses are the ones each
+sentence gets alone (and are complete, legal parses). Real data from ../shared/data when
+present (else the synthetic stand-ins), small sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autobatch import Batch, ProgramFailure, run_programs
+from autobatch.datasets import sst_trees, wikiner_sentences
+from examples import bilstm_tagger, char_tagger, parser, tree_lstm
+
+RTOL, ATOL = 1e-5, 1e-6
+FORMS = ("primitive", "cells")
+
+
+# ----------------------------------------------------------------------------- models and data
+def _tree_lstm():
+    trees, _ = sst_trees("dev", limit=6)
+    return tree_lstm, trees, tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=16)
+
+
+def _bilstm_tagger():
+    sentences, _ = wikiner_sentences(limit=6)
+    return bilstm_tagger, sentences, bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=16)
+
+
+def _char_tagger():
+    corpus, _ = wikiner_sentences(limit=400)  # word counts for the rare-word rule
+    words, chars, tags = char_tagger.make_vocabularies(corpus)
+    sentences = [s for s in corpus if len(s) <= 20][:6]
+    return char_tagger, sentences, char_tagger.make_params(words, chars, tags, size=16)
+
+
+MODELS = {"tree_lstm": _tree_lstm, "bilstm_tagger": _bilstm_tagger, "char_tagger": _char_tagger}
+_cache: dict = {}
+
+
+def model(name: str):
+    if name not in _cache:
+        _cache[name] = MODELS[name]()
+    return _cache[name]
+
+
+def batched(loss, instances, params, backend="numpy"):
+    """Every instance in one Batch: the losses and the batch's report."""
+    with Batch(backend=backend) as batch:
+        losses = [loss(x, params) for x in instances]
+        values = batch.run(losses)
+    return [np.array(v) for v in values], batch.reports[-1]
+
+
+def alone(loss, instances, params, backend="numpy"):
+    """Each instance in its own Batch: the losses and the reports."""
+    values, reports = [], []
+    for x in instances:
+        with Batch(backend=backend) as batch:
+            values.append(np.array(batch.run([loss(x, params)])[0]))
+        reports.append(batch.reports[-1])
+    return values, reports
+
+
+def results(name: str, form: str):
+    key = (name, form)
+    if key not in _cache:
+        module, instances, params = model(name)
+        loss = module.LOSSES[form]
+        _cache[key] = (batched(loss, instances, params), alone(loss, instances, params))
+    return _cache[key]
+
+
+def assert_close(got, expected):
+    assert len(got) == len(expected)
+    for k, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, err_msg=f"instance {k}")
+
+
+# ----------------------------------------------------------------------------- losses
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_batched_equals_alone(name, form):
+    (together, _), (one_by_one, _) = results(name, form)
+    assert all(v.shape == () and np.isfinite(v) and v > 0 for v in one_by_one)
+    assert len({float(v) for v in one_by_one}) == len(one_by_one), "instances should have different losses"
+    assert_close(together, one_by_one)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_primitive_equals_cells(name):
+    (primitive, _), _ = results(name, "primitive")
+    (cells, _), _ = results(name, "cells")
+    assert_close(cells, primitive)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_tree_lstm_batching_saves_launches(form):
+    (_, report), (_, reports) = results("tree_lstm", form)
+    assert report.launches < report.nodes
+    assert report.launches < sum(r.launches for r in reports)  # fewer than running the trees one by one
+    assert report.launches >= report.lower_bound
+    assert report.fallback_nodes == 0
+
+
+def test_char_tagger_uses_both_word_representations():
+    module, sentences, params = model("char_tagger")
+    words = [w for s in sentences for w, _ in s]
+    spelled = [module.is_spelled(w, params.config["words"]) for w in words]
+    assert any(spelled) and not all(spelled)
+
+
+def test_tree_lstm_cells_onnxruntime():
+    module, trees, params = model("tree_lstm")
+    together, report = batched(module.loss_cells, trees, params, backend="onnxruntime")
+    (_, _), (one_by_one, _) = results("tree_lstm", "cells")
+    assert_close(together, one_by_one)
+    assert report.launches < report.nodes
+
+
+# ----------------------------------------------------------------------------- parser
+def _sentences():
+    tagged, _ = wikiner_sentences(limit=40)
+    return [[w for w, _ in s] for s in tagged if len(s) <= 25][:6]
+
+
+def _parser_params(sentences):
+    return parser.make_params(parser.make_vocabulary(sentences), size=16)
+
+
+def check_parse(sentence, parse):
+    """Replays the transitions: each legal when taken, the parse complete, every word a head."""
+    assert isinstance(parse, parser.Parse), parse
+    n = len(sentence)
+    stack, buffer, heads = [0], list(range(1, n + 1)), [None] * n
+    for name in parse.transitions:
+        move = parser.TRANSITIONS.index(name)
+        assert move in parser.legal(stack, buffer), (name, stack, buffer)
+        if move == parser.SHIFT:
+            stack.append(buffer.pop(0))
+        elif move == parser.LEFT_ARC:
+            heads[stack.pop() - 1] = buffer[0]
+        else:
+            dependent = stack.pop()
+            heads[dependent - 1] = stack[-1]
+    assert stack == [0] and not buffer
+    assert len(parse.transitions) == 2 * n
+    assert heads == parse.heads
+    assert all(0 <= h <= n and h != d for d, h in enumerate(heads, 1))
+
+
+@pytest.fixture(scope="module")
+def parses():
+    sentences = _sentences()
+    params = _parser_params(sentences)
+    out = {"sentences": sentences}
+    for form in FORMS:
+        fn = parser.PARSERS[form]
+        out[form, "batched"] = run_programs(lambda s: fn(s, params), sentences)
+        out[form, "alone"] = [run_programs(lambda s: fn(s, params), [s])[0] for s in sentences]
+    return out
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_parser_batched_equals_alone(parses, form):
+    together, one_by_one = parses[form, "batched"], parses[form, "alone"]
+    assert not any(isinstance(r, ProgramFailure) for r in together + one_by_one), [str(r) for r in together]
+    for sentence, a, b in zip(parses["sentences"], together, one_by_one):
+        check_parse(sentence, a)
+        check_parse(sentence, b)
+        assert a == b
+    # random weights still give different decisions: not every parse is the same shape
+    assert len({tuple(p.transitions) for p in together}) > 1 or len({len(s) for s in parses["sentences"]}) == 1
+
+
+def test_parser_primitive_equals_cells(parses):
+    assert parses["primitive", "batched"] == parses["cells", "batched"]
+
+
+def test_check_parse_rejects_an_illegal_parse(parses):
+    sentence, good = parses["sentences"][0], parses["cells", "batched"][0]
+    bad = parser.Parse(["LEFT-ARC", *good.transitions[1:]], list(good.heads))
+    with pytest.raises(AssertionError):
+        check_parse(sentence, bad)
