@@ -17,7 +17,7 @@ import numpy as np
 
 from autobatch.batcher.functions import rule_for
 from autobatch.batcher.rules import Operand, Shape
-from autobatch.batcher.signature import is_shared
+from autobatch.batcher.signature import is_shared, sum_of_terms
 from autobatch.ir import Graph, Node, ValueType, captured_names
 
 # Ops whose every run differs: never merged even when their inputs are identical.
@@ -94,6 +94,8 @@ def has_rule(graph: Graph, node: Node) -> bool:
     """Whether the op's rule batches this node's signature class (decided on a dry run)."""
     if node.op_type in NONDETERMINISTIC:
         return False
+    if sum_of_terms(graph, node):
+        return True
     ins = operands(graph, node)
     if not any(o is not None and o.stacked for o in ins):
         return True  # identical inputs: one run serves every member
@@ -220,8 +222,6 @@ class Rewriter:
 
     # ------------------------------------------------------------------ groups
     def run_alone(self, node: Node) -> None:
-        if self._sum_as_reduction(node):
-            return
         for name in sorted(captured_names(node)):
             self.named(name)
         inputs = [self.plain(name) if name else "" for name in node.inputs]
@@ -229,25 +229,28 @@ class Rewriter:
                           version=node.version, instance=node.instance, name=node.name,
                           output_types=[self.graph.values[o].type if o else None for o in node.outputs])
 
-    def _sum_as_reduction(self, node: Node) -> bool:
-        """A many-input Sum (a loss over all nodes of a tree) whose terms live in batches: one
-        stack and one ReduceSum instead of cutting out every term."""
-        if node.op_type != "Sum" or node.domain or len(node.inputs) < 3:
-            return False  # checked first: other ops may leave their first output out ("")
-        out_type = self.graph.values[node.outputs[0]].type
-        if out_type is None or not out_type.is_static or 0 in out_type.shape:
-            return False  # stacking needs static, non-empty shapes
-        if any(self.graph.values[name].type != out_type for name in node.inputs):
-            return False  # terms that broadcast: leave to Sum itself
-        stacked = self.stack(node.inputs)
-        if self.out.opset_imports.get("", 1) >= 13:  # ReduceSum takes its axes as an input
-            args, attributes = [stacked, self.emit.const(np.array([0], dtype=np.int64))], {"keepdims": 0}
-        else:
-            args, attributes = [stacked], {"axes": [0], "keepdims": 0}
-        self.out.add_node("ReduceSum", args, [node.outputs[0]], attributes, output_types=[out_type])
-        return True
+    def _sum_terms(self, members: list[Node]) -> None:
+        """Sums of terms (one per instance, any number of terms each) as one GEMM: a 0/1 matrix
+        [instances x terms] times all the terms stacked [terms x size]."""
+        out_type = self.graph.values[members[0].outputs[0]].type
+        shape = tuple(out_type.shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        terms = [name for member in members for name in member.inputs]
+        owner = np.repeat(np.arange(len(members)), [len(m.inputs) for m in members])
+        indicator = np.zeros((len(members), len(terms)), dtype=out_type.dtype)
+        indicator[owner, np.arange(len(terms))] = 1
+        flat = self.emit.op("Reshape", [self.stack(terms), self.emit.const(np.array([len(terms), size], dtype=np.int64))])[0]
+        summed = self.emit.op("MatMul", [self.emit.const(indicator), flat])[0]
+        if shape != (size,):
+            summed = self.emit.op("Reshape", [summed, self.emit.const(np.array([len(members), *shape], dtype=np.int64))])[0]
+        self.stats.batched_ops += 1
+        for row, member in enumerate(members):
+            self.rows[member.outputs[0]] = (summed, row, len(members))
 
     def run_group(self, members: list[Node], batchable: bool) -> None:
+        if batchable and sum_of_terms(self.graph, members[0]):
+            self._sum_terms(members)
+            return
         if len(members) == 1 or not batchable:
             self.stats.fallback_nodes += len(members) if not batchable else 0
             for node in members:

@@ -33,8 +33,22 @@ def is_shared(graph: Graph, value_name: str) -> bool:
     return source[0].instance is None
 
 
+def sum_of_terms(graph: Graph, node: Node) -> bool:
+    """A Sum of several per-instance float terms of one static type (a loss summed over the
+    nodes of a tree): such Sums batch together whatever their number of terms."""
+    if node.op_type != "Sum" or node.domain or len(node.inputs) < 2:
+        return False
+    out_type = graph.values[node.outputs[0]].type
+    if out_type is None or not out_type.is_static or out_type.dtype is None or out_type.dtype.kind != "f":
+        return False
+    return all(name and not is_shared(graph, name) and graph.values[name].type == out_type for name in node.inputs)
+
+
 def node_signature(graph: Graph, node: Node) -> Signature | None:
     """The node's signature, or None when it cannot be batched (types unknown or not static)."""
+    if sum_of_terms(graph, node):
+        out_type = graph.values[node.outputs[0]].type
+        return ("", "Sum", node.version, (), (("terms", out_type.elem_type, out_type.shape),), (True,))
     inputs: list[tuple] = []
     for name in node.inputs:
         if not name:

@@ -3,5 +3,5 @@ and batched by autobatch: ``tree_lstm``, ``bilstm_tagger``, ``char_tagger`` and 
 
 Every model comes in two forms over the same parameters: primitive ops (one IR node per op)
 and cells (one IR node per LSTM step / Tree-LSTM node / MLP). Run one with
-``python -m examples.tree_lstm --help``.
+``python -m autobatch.examples.tree_lstm --help``.
 """

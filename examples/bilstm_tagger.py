@@ -8,7 +8,7 @@ an MLP without biases, ``scores_t = tanh([f_t; b_t] @ H) @ O`` (row-vector form 
 Two forms over the same parameters: ``loss_primitive`` (every op one IR node) and
 ``loss_cells`` (one cell per LSTM step and one per token's MLP + loss).
 
-    python -m examples.bilstm_tagger [--instances 32] [--size 64] [--backends numpy,onnxruntime]
+    python -m autobatch.examples.bilstm_tagger [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from autobatch import cell, ops
 from autobatch.datasets import wikiner_sentences
-from examples.common import Params, Vocabulary, add_lstm, argument_parser, bilstm, measure_losses, run_all
+from autobatch.examples.common import Params, Vocabulary, add_lstm, argument_parser, bilstm, measure_losses, run_all
 
 Sentence = Sequence[tuple[str, str]]
 

@@ -11,7 +11,7 @@ hidden size ``size // 2``, and the word vector is ``[last forward state; last ba
 Two forms over the same parameters: ``loss_primitive`` and ``loss_cells`` (one cell per word or
 character LSTM step, one per token's MLP + loss).
 
-    python -m examples.char_tagger [--instances 32] [--size 64] [--backends numpy,onnxruntime]
+    python -m autobatch.examples.char_tagger [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 from autobatch import ops
 from autobatch.datasets import wikiner_sentences
-from examples.bilstm_tagger import Sentence, add_tagger_params, tag_losses
-from examples.common import Params, Vocabulary, add_lstm, argument_parser, lstm, measure_losses, run_all
+from autobatch.examples.bilstm_tagger import Sentence, add_tagger_params, tag_losses
+from autobatch.examples.common import Params, Vocabulary, add_lstm, argument_parser, lstm, measure_losses, run_all
 
 RARE = 5  # a word seen at most this many times is spelled with characters
 CHAR_EMBEDDING = 64

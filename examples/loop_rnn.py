@@ -1,7 +1,7 @@
 """An RNN written as an ONNX Loop over the sequence length, batched across instances of
 different lengths step by step.
 
-    python examples/loop_rnn.py
+    python -m autobatch.examples.loop_rnn
 
 Each instance's Loop is unrolled for its own length (``unroll_instance``), the instances are
 united into one graph and batched; every result is checked against onnxruntime on the original

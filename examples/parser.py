@@ -16,7 +16,7 @@ the best legal one:
 It stops when the buffer is empty and only ROOT is left: 2n transitions, every word has a head.
 The weights are random (nothing is trained here): the parses are arbitrary but deterministic.
 
-    python -m examples.parser [--instances 32] [--size 64] [--backends numpy,onnxruntime]
+    python -m autobatch.examples.parser [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from autobatch import Batch, cell, ops, run_programs
 from autobatch.datasets import wikiner_sentences
 from autobatch.frontends.tracing import current_batch
-from examples.common import Measurement, Params, Vocabulary, add_lstm, argument_parser, bilstm, run_all
+from autobatch.examples.common import Measurement, Params, Vocabulary, add_lstm, argument_parser, bilstm, run_all
 
 SHIFT, LEFT_ARC, RIGHT_ARC = 0, 1, 2
 TRANSITIONS = ("SHIFT", "LEFT-ARC", "RIGHT-ARC")

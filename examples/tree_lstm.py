@@ -15,7 +15,7 @@ gate) are stored side by side (``W_iou``), which is the same model.
 Two forms over the same parameters: ``loss_primitive`` (about 20 IR nodes per tree node) and
 ``loss_cells`` (one cell call per tree node).
 
-    python -m examples.tree_lstm [--instances 32] [--size 64] [--backends numpy,onnxruntime]
+    python -m autobatch.examples.tree_lstm [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from autobatch import cell, ops
 from autobatch.datasets import Tree, sst_trees
 from autobatch.frontends.cells import Cell
-from examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all
+from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all
 
 CLASSES = 5
 

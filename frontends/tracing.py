@@ -191,6 +191,7 @@ class Batch:
         self._names = itertools.count()
         self._instance = 0
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
+        self.last_plan: Any = None  # the PassResult (batched graph and report) of the last run
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
 
     # ------------------------------------------------------------------ context
@@ -293,6 +294,7 @@ class Batch:
 
             result = BatchingPass(self.scheduler, as_rows=True)(graph)
             self.reports.append(result.report)
+            self.last_plan = result
             runner = self._make_runner(result.graph)
             names = list(result.graph.outputs)
             values = dict(zip(names, runner.run({}, names)))

@@ -10,7 +10,7 @@ import pytest
 
 from autobatch import Batch, ProgramFailure, run_programs
 from autobatch.datasets import sst_trees, wikiner_sentences
-from examples import bilstm_tagger, char_tagger, parser, tree_lstm
+from autobatch.examples import bilstm_tagger, char_tagger, parser, tree_lstm
 
 RTOL, ATOL = 1e-5, 1e-6
 FORMS = ("primitive", "cells")
