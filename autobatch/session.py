@@ -179,19 +179,20 @@ class InferenceSession:
 
 
 @functools.cache
-def shared_session_cache(threads: int = 0) -> SessionCache:
-    """One session cache per thread count for every traced batch in this process: a segment
-    compiled for one batch serves the next."""
-    return SessionCache(threads=threads)
+def shared_session_cache(threads: int = 0, providers: tuple[str, ...] | None = None) -> SessionCache:
+    """One session cache (per thread count and providers) for every traced batch in this
+    process: a segment compiled for one batch serves the next."""
+    return SessionCache(providers, threads=threads)
 
 
-def make_runner_factory(backend: str, threads: int = 0) -> Callable[[Graph], Interpreter | OrtExecutor]:
+def make_runner_factory(backend: str, threads: int = 0,
+                        providers: Sequence[str] | None = None) -> Callable[[Graph], Interpreter | OrtExecutor]:
     """What runs a batched graph on ``backend``; onnxruntime sessions are shared by every
     graph the factory makes a runner for."""
     if backend == "numpy":
         return Interpreter
     if backend == "onnxruntime":
-        cache = shared_session_cache(threads)
+        cache = shared_session_cache(threads, tuple(providers) if providers is not None else None)
         return lambda graph: OrtExecutor(graph, cache)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 

@@ -1,12 +1,12 @@
-"""NumPy interpreter vs onnxruntime, one instance at a time vs batched, side by side.
+"""NumPy interpreter vs onnxruntime, one instance at a time vs batched, primitive ops vs
+cells: side by side in one run.
 
-    python -m benchmarks.backends_throughput [--minibatch 64] [--size 256] [--batches 2]
+    python -m benchmarks.backends_throughput [--minibatch 64] [--size 256] [--providers auto|cpu|cuda]
 
-Prints the per-launch overhead of each backend, then for Tree-LSTM (SST trees) and the BiLSTM
-tagger (WikiNER sentences), built from primitive ops, instances per second for each variant
-and its ratio to one-at-a-time NumPy. Every variant's outputs are checked against running
-each instance alone before anything is timed. Graph building is not timed; batching
-(union, schedule, rewrite) is, as part of "batched".
+Prints each backend's overhead per launch, then for the Tree-LSTM (SST trees) and the BiLSTM
+tagger (WikiNER sentences) of ``autobatch.examples``: instances per second, tracing included,
+for every (form, backend, one at a time | batched), and the ratio to NumPy one at a time with
+primitive ops. Every variant's losses are checked against that baseline before timing.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from autobatch.backends import Interpreter, OrtExecutor, SessionCache
-from autobatch.backends.ort_runtime import CPU, CUDA
-from autobatch.batcher import BatchingPass
-from autobatch.ir import Graph, from_onnx
-from benchmarks.batcher_launches import sentence_graphs, tree_graphs
+from autobatch.backends import Interpreter
+from autobatch.backends.ort_runtime import CPU, CUDA, SessionCache
+from autobatch.frontends import Batch
+from autobatch.ir import from_onnx
+from benchmarks.models import Workload, bilstm_workload, tree_lstm_workload
 
 
 def launch_overhead(repeats: int = 2000) -> None:
@@ -38,74 +38,72 @@ def launch_overhead(repeats: int = 2000) -> None:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    print("overhead of one launch (a one-op graph):")
     for name, call in (("numpy interpreter", lambda: interpreter.run({"x": x})),
                        ("onnxruntime run()", lambda: session.run(None, {"x": x}))):
         call()
         start = time.perf_counter()
         for _ in range(repeats):
             call()
-        print(f"  {name:<20} {(time.perf_counter() - start) / repeats * 1e6:6.1f} us per one-op graph")
+        print(f"  {name:<20} {(time.perf_counter() - start) / repeats * 1e6:6.1f} us")
 
 
-def timed(run: Callable[[], list], repeats: int) -> float:
-    run()  # warm: sessions created, caches filled
-    start = time.perf_counter()
+def losses(workload: Workload, backend: str, batched: bool, providers: list[str] | None) -> list[np.ndarray]:
+    loss, instances, params, _ = workload
+    if batched:
+        with Batch(backend=backend, threads=2, providers=providers) as batch:
+            return batch.run([loss(x, params) for x in instances])
+    results = []
+    for x in instances:
+        with Batch(backend=backend, threads=2, providers=providers) as batch:
+            results.append(batch.run([loss(x, params)])[0])
+    return results
+
+
+def timed(run: Callable[[], list], repeats: int) -> tuple[list, float]:
+    result = run()  # warm up: cells traced, sessions created
+    best = float("inf")
     for _ in range(repeats):
+        start = time.perf_counter()
         run()
-    return (time.perf_counter() - start) / repeats
+        best = min(best, time.perf_counter() - start)
+    return result, best
 
 
-def compare(name: str, graphs: list[Graph], threads: int, repeats: int, providers: list[str] | None) -> None:
-    n = len(graphs)
-    alone = [Interpreter(g).run({})[0] for g in graphs]
-    cache = SessionCache(providers, threads=threads)
-    interpreters = [Interpreter(g) for g in graphs]
-    executors = [OrtExecutor(g, cache, whole=False) for g in graphs]
-
-    def batched(backend: str, whole: bool = False) -> Callable[[], list]:
-        def run() -> list:
-            plan = BatchingPass("level")(Graph.union(graphs)).graph
-            runner = Interpreter(plan) if backend == "numpy" else OrtExecutor(plan, cache, whole=whole)
-            return runner.run({})
-        return run
-
-    plan = BatchingPass("level")(Graph.union(graphs)).graph
-    whole_plan = OrtExecutor(plan, cache, whole=True)
-    variants = {
-        "numpy, one at a time": lambda: [i.run({})[0] for i in interpreters],
-        "onnxruntime segments, one at a time": lambda: [e.run({})[0] for e in executors],
-        "numpy, batched": batched("numpy"),
-        "onnxruntime segments, batched": batched("onnxruntime"),
-        "onnxruntime whole plan (repeated plan)": lambda: whole_plan.run({}),
-    }
-    print(f"\n{name}: {n} instances, {sum(len(g) for g in graphs)} ops")
-    baseline = None
-    for label, run in variants.items():
-        outputs = run()
-        for a, b in zip(alone, outputs, strict=True):
-            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
-        seconds = timed(run, repeats)
-        baseline = baseline or seconds
-        print(f"  {label:<40} {n / seconds:8.1f} instances/s   {baseline / seconds:5.1f}x")
+def compare(name: str, make: Callable[[str], Workload], repeats: int, providers: list[str] | None) -> None:
+    workloads = {form: make(form) for form in ("primitive", "cells")}
+    count = len(workloads["primitive"][1])
+    print(f"\n{name}: {count} instances from {workloads['primitive'][3]}")
+    baseline_values, baseline = None, None
+    for form, workload in workloads.items():
+        for backend in ("numpy", "onnxruntime"):
+            for batched in (False, True):
+                values, seconds = timed(lambda: losses(workload, backend, batched, providers), repeats)
+                if baseline_values is None:
+                    baseline_values, baseline = values, seconds
+                np.testing.assert_allclose(np.array(values), np.array(baseline_values), rtol=1e-4, atol=1e-4)
+                label = f"{form}, {backend}, {'batched' if batched else 'one at a time'}"
+                print(f"  {label:<40} {count / seconds:8.1f} instances/s   {baseline / seconds:5.1f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minibatch", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after a warm-up (fastest kept)")
     parser.add_argument("--providers", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: CUDA when it loads, else the CPU")
     args = parser.parse_args()
     providers = {"auto": None, "cpu": [CPU], "cuda": [CUDA, CPU]}[args.providers]
-    cache = SessionCache(providers)
+    cache = SessionCache(providers, threads=2)
     if args.providers == "cuda" and not cache.on_cuda:
         raise SystemExit("the CUDA execution provider is not available here")
-    print(f"onnxruntime {ort.__version__} on {cache.providers[0]}, {args.threads} threads")
+    print(f"onnxruntime {ort.__version__} on {cache.providers[0]}")
     launch_overhead()
-    for name, graphs in (("Tree-LSTM (size 256)", tree_graphs(args.minibatch)[0]),
-                         ("BiLSTM tagger (size 256)", sentence_graphs(args.minibatch)[0])):
-        compare(name, graphs, args.threads, args.repeats, providers)
+    compare(f"Tree-LSTM (size {args.size})", lambda form: tree_lstm_workload(args.minibatch, args.size, form),
+            args.repeats, providers)
+    compare(f"BiLSTM tagger (size {args.size})", lambda form: bilstm_workload(args.minibatch, args.size, form),
+            args.repeats, providers)
 
 
 if __name__ == "__main__":

@@ -175,12 +175,15 @@ class Batch:
     runs at the end of the block.
     """
 
-    def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0) -> None:
+    def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
+                 providers: Sequence[str] | None = None) -> None:
+        from autobatch.batcher import get_scheduler
         from autobatch.session import make_runner_factory
 
+        get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         self.backend = backend
         self.scheduler = scheduler
-        self._make_runner = make_runner_factory(backend, threads)
+        self._make_runner = make_runner_factory(backend, threads, providers)
         self._records: list[_Record] = []
         self._pending: list[weakref.ref[Tensor]] = []  # outputs of records, alive while someone holds them
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
@@ -280,13 +283,22 @@ class Batch:
             self.run_pending()
         return [t.numpy() for t in tensors]
 
+    def graph_of(self, tensors: Sequence[Tensor]) -> Graph:
+        """The IR graph that computing these pending tensors would batch (nothing runs)."""
+        return self._graph([t.name for t in tensors])
+
+    def discard(self) -> None:
+        """Forget everything pending without running it."""
+        self._records.clear()
+        self._literals.clear()
+        self._pending = []
+
     def run_pending(self) -> None:
         """Batch and run every pending op that leads to a value still held, then forget the
         records: later ops read those values as data."""
         wanted = [t for t in (ref() for ref in self._pending) if t is not None and t.value is None]
         if not wanted:
-            self._records.clear()
-            self._literals.clear()
+            self.discard()
             return
         with gc_paused():
             graph = self._graph([t.name for t in wanted])
@@ -302,9 +314,7 @@ class Batch:
             source, row = result.locations[tensor.name]
             value = values[source]
             tensor.value = value if row is None else value[row, ...]  # a view (0-d for scalars)
-        self._records.clear()
-        self._literals.clear()
-        self._pending = []
+        self.discard()
 
     def records_for(self, wanted: Sequence[str]) -> tuple[list[_Record], set[str]]:
         """The records that lead to ``wanted`` (in trace order), and every value they read."""

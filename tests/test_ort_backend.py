@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import random
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -11,9 +11,8 @@ import pytest
 from autobatch.backends import FeedError, Interpreter, NodeExecutionError, OrtBackend, OrtExecutor, SessionCache
 from autobatch.backends.ort_runtime import CPU, default_providers
 from autobatch.batcher import BatchingPass
-from autobatch.datasets import synthetic_tree
 from autobatch.ir import Graph, ValueType
-from autobatch.zoo import bilstm_params, bilstm_tagger_graph, tree_lstm_graph, tree_lstm_params
+from benchmarks.models import Workload, bilstm_workload, traced_graph, tree_lstm_workload
 from tests.test_onnx_io import LIGHT_MODELS, ort_run, random_feeds
 
 
@@ -46,30 +45,26 @@ def test_bad_feeds_are_named():
     assert rep.run([np.array([-1, 2], np.float32)])[0].tolist() == [0, 2]
 
 
-def small_tree_lstm(trees: int = 6, size: int = 16) -> tuple[list[Graph], Graph]:
-    rng = random.Random(3)
-    forest = [synthetic_tree(rng, vocabulary=50) for _ in range(trees)]
-    vocabulary = {w: i for i, w in enumerate(sorted({leaf.word for t in forest for leaf in t.leaves()}))}
-    params = tree_lstm_params(len(vocabulary), size)
-    graphs = [tree_lstm_graph(t, vocabulary, params) for t in forest]
-    return graphs, BatchingPass("level")(Graph.union(graphs)).graph
+def traced(make: Callable[..., Workload], count: int, size: int = 16) -> tuple[list[Graph], Graph]:
+    """Per-instance graphs of a workload and their batched graph (primitive ops)."""
+    loss, instances, params, _ = make(count, size)
+    graphs = [traced_graph((loss, [x], params, "")) for x in instances]
+    return graphs, BatchingPass("level")(traced_graph((loss, instances, params, ""))).graph
 
 
-def small_bilstm(sentences: int = 5, size: int = 16) -> tuple[list[Graph], Graph]:
-    rng = np.random.default_rng(4)
-    params = bilstm_params(30, 5, size)
-    graphs = []
-    for _ in range(sentences):
-        length = int(rng.integers(1, 9))
-        graphs.append(bilstm_tagger_graph(rng.integers(0, 30, length).tolist(), rng.integers(0, 5, length).tolist(), params))
-    return graphs, BatchingPass("level")(Graph.union(graphs)).graph
+def small_tree_lstm(trees: int = 6) -> tuple[list[Graph], Graph]:
+    return traced(tree_lstm_workload, trees)
+
+
+def small_bilstm(sentences: int = 5) -> tuple[list[Graph], Graph]:
+    return traced(bilstm_workload, sentences)
 
 
 @pytest.mark.parametrize("build", [small_tree_lstm, small_bilstm], ids=["tree_lstm", "bilstm"])
 @pytest.mark.parametrize("whole, device_values", [(False, False), (True, False), (True, True), (False, True)])
 def test_executor_modes_agree_with_running_each_instance_alone(build, whole, device_values):
     graphs, batched = build()
-    alone = [Interpreter(g).run({})[0] for g in graphs]
+    alone = [value for g in graphs for value in Interpreter(g).run({})]
     executor = OrtExecutor(batched, SessionCache(threads=1), whole=whole, device_values=device_values)
     for _ in range(2):  # the second run uses cached sessions only
         got = executor.run({})
