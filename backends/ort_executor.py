@@ -14,7 +14,7 @@ as ``OrtValue``s between steps; only graph outputs are copied back.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
@@ -40,6 +40,8 @@ class Segment:
     inputs: list[str]
     outputs: list[str]
     structure: tuple = ()
+    # Constants onnxruntime cannot be fed from NumPy (float8, int4, bfloat16 ...): inside the model.
+    embedded: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,14 +105,17 @@ class OrtExecutor:
         position = {node.id: i for i, node in enumerate(order)}
         steps: list[Segment | Node] = [graph.nodes[n] for n in in_numpy]
         for component in nx.connected_components(fused):
-            steps.append(self._segment(sorted(component, key=position.__getitem__)))
+            segment = self._segment(sorted(component, key=position.__getitem__))
+            if segment.outputs:  # a segment nobody reads from is dead code: skip it
+                steps.append(segment)
         step_of = {}
         for index, step in enumerate(steps):
             for node in (step.nodes if isinstance(step, Segment) else [step]):
                 step_of[node.id] = index
         dag = nx.DiGraph()
         dag.add_nodes_from(range(len(steps)))
-        dag.add_edges_from((step_of[u], step_of[v]) for u, v in graph.nx.edges() if step_of[u] != step_of[v])
+        dag.add_edges_from((step_of[u], step_of[v]) for u, v in graph.nx.edges()
+                           if u in step_of and v in step_of and step_of[u] != step_of[v])
         first = {i: min(position[n.id] for n in (s.nodes if isinstance(s, Segment) else [s])) for i, s in enumerate(steps)}
         return [steps[i] for i in nx.lexicographical_topological_sort(dag, key=first.__getitem__)]
 
@@ -128,7 +133,12 @@ class OrtExecutor:
             o for n in nodes for o in n.outputs
             if o and (o in graph.outputs or any(c.id not in inside for c, _ in graph.consumers(o)))
         ]
-        return Segment(nodes, inputs, outputs, _structure(nodes, inputs, outputs))
+        constants = graph.initializers()
+        embedded = {n: constants[n] for n in inputs if n in constants and not _feedable(constants[n])}
+        inputs = [n for n in inputs if n not in embedded]
+        structure = (_structure(nodes, [*inputs, *embedded], outputs),
+                     tuple((a.dtype.str, a.shape, a.tobytes()) for a in embedded.values()))
+        return Segment(nodes, inputs, outputs, structure, embedded)
 
     # ------------------------------------------------------------------ running
     def run(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> list[np.ndarray]:
@@ -196,6 +206,7 @@ class OrtExecutor:
     def _segment_model(self, segment: Segment, values: list[Any]) -> onnx.ModelProto:
         """The segment as a model with canonical value names and shape-free inputs."""
         rename = {name: f"in{i}" for i, name in enumerate(segment.inputs)}
+        rename.update({name: f"const{i}" for i, name in enumerate(segment.embedded)})
         rename.update({name: f"out{i}" for i, name in enumerate(segment.outputs)})
         count = 0
         for node in segment.nodes:
@@ -212,7 +223,8 @@ class OrtExecutor:
         inputs = [helper.make_tensor_value_info(f"in{i}", _elem_type(v), [None] * _dtype_and_rank(v)[1])
                   for i, v in enumerate(values)]
         outputs = [helper.make_empty_tensor_value_info(f"out{i}") for i in range(len(segment.outputs))]
-        graph = helper.make_graph(nodes, "segment", inputs, outputs)
+        constants = [onnx.numpy_helper.from_array(a, rename[n]) for n, a in segment.embedded.items()]
+        graph = helper.make_graph(nodes, "segment", inputs, outputs, initializer=constants)
         opsets = [helper.make_opsetid(d, v) for d, v in sorted(self.graph.opset_imports.items())]
         model = helper.make_model(graph, opset_imports=opsets, functions=list(self.graph.functions.values()))
         model.ir_version = choose_ir_version(model, None)
@@ -245,6 +257,11 @@ class OrtExecutor:
     def _to_host(value: Any) -> Any:
         # A copy: on the CPU, .numpy() may view memory that dies with the OrtValue.
         return np.array(value.numpy(), copy=True) if isinstance(value, ort.OrtValue) else value
+
+
+def _feedable(array: np.ndarray) -> bool:
+    """Whether onnxruntime's Python API takes this array as an input (plain NumPy dtypes)."""
+    return array.dtype.type.__module__ == "numpy" and array.dtype.kind in "biufcUSO"
 
 
 def _dtype_and_rank(value: Any) -> tuple[str, int]:

@@ -102,8 +102,9 @@ PARAMS = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize(("case", "variant"), PARAMS)
-def test_batched_equals_alone(case, variant: str) -> None:
+def test_batched_equals_alone(case, variant: str, backend: str) -> None:
     model = case.model
     initializers = {t.name for t in model.graph.initializer}
     input_names = [v.name for v in model.graph.input if v.name not in initializers]
@@ -130,7 +131,7 @@ def test_batched_equals_alone(case, variant: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            session = InferenceSession(model)
+            session = InferenceSession(model, backend=backend)
             for feeds in feeds_list:
                 alone.append(session.run(None, feeds))
         except Exception as error:  # noqa: BLE001 - the unbatched oracle itself cannot run this case

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from autobatch import InferenceSession
-from autobatch.backends import Interpreter
+from autobatch.backends import Interpreter, OrtExecutor, SessionCache
 from autobatch.batcher import SCHEDULERS, BatchingPass
 from autobatch.ir import Graph, from_onnx
+
+ORT_SESSIONS = SessionCache(threads=1)  # shared by every example: segments of one structure compile once
 
 D = 4  # feature width
 VOCAB = 7
@@ -229,11 +231,13 @@ def test_batched_programs_equal_instances_alone(case) -> None:
         result = BatchingPass(scheduler)(Graph.union(graphs))
         report = result.report
         assert report.lower_bound <= report.launches <= report.nodes
-        got = Interpreter(result.graph).run(union_feeds)
         flat = [(k, j, out) for k, outs in enumerate(expected) for j, out in enumerate(outs)]
-        assert len(got) == len(flat)
-        for value, (k, j, want) in zip(got, flat):
-            _assert_close(value, want, f"{scheduler}: instance {k} output {j} (plan {plan})")
+        runners = {"numpy": Interpreter(result.graph), "onnxruntime": OrtExecutor(result.graph, ORT_SESSIONS)}
+        for backend, runner in runners.items():
+            got = runner.run(union_feeds)
+            assert len(got) == len(flat)
+            for value, (k, j, want) in zip(got, flat):
+                _assert_close(value, want, f"{scheduler} on {backend}: instance {k} output {j} (plan {plan})")
 
 
 @SETTINGS
@@ -248,12 +252,12 @@ def test_identical_instances_batch_below_node_count(case) -> None:
 
 
 @SETTINGS
-@given(programs(), st.sampled_from(sorted(SCHEDULERS)))
-def test_session_run_batch_over_lengths(case, scheduler: str) -> None:
+@given(programs(), st.sampled_from(sorted(SCHEDULERS)), st.sampled_from(["numpy", "onnxruntime"]))
+def test_session_run_batch_over_lengths(case, scheduler: str, backend: str) -> None:
     """One model with a symbolic length; instances differ in their input shapes."""
     program, plan = case
     model = program.model(len(program.steps), "L", 0)
-    session = InferenceSession(model, scheduler=scheduler)
+    session = InferenceSession(model, scheduler=scheduler, backend=backend)
     feeds = [_feeds(length, 2000 + k) for k, (_, length) in enumerate(plan)]
     batched = session.run_batch(None, feeds)
     report = session.stats.report

@@ -110,10 +110,12 @@ def test_char_tagger_uses_both_word_representations():
     assert any(spelled) and not all(spelled)
 
 
-def test_tree_lstm_cells_onnxruntime():
-    module, trees, params = model("tree_lstm")
-    together, report = batched(module.loss_cells, trees, params, backend="onnxruntime")
-    (_, _), (one_by_one, _) = results("tree_lstm", "cells")
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_batched_on_onnxruntime_equals_alone_on_numpy(name, form):
+    module, instances, params = model(name)
+    together, report = batched(module.LOSSES[form], instances, params, backend="onnxruntime")
+    (_, _), (one_by_one, _) = results(name, form)
     assert_close(together, one_by_one)
     assert report.launches < report.nodes
 
@@ -159,6 +161,14 @@ def parses():
         out[form, "batched"] = run_programs(lambda s: fn(s, params), sentences)
         out[form, "alone"] = [run_programs(lambda s: fn(s, params), [s])[0] for s in sentences]
     return out
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_parser_on_onnxruntime_parses_as_on_numpy(parses, form):
+    params = _parser_params(parses["sentences"])
+    fn = parser.PARSERS[form]
+    on_onnxruntime = run_programs(lambda s: fn(s, params), parses["sentences"], backend="onnxruntime")
+    assert on_onnxruntime == parses[form, "alone"]
 
 
 @pytest.mark.parametrize("form", FORMS)
