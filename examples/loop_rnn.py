@@ -25,13 +25,15 @@ from autobatch.ir.onnx_io import choose_ir_version
 D, H, INSTANCES, MAX_LENGTH = 16, 32, 32, 40
 OPS_PER_STEP = 5  # Gather, MatMul, MatMul, Add, Tanh
 
-RNN = f"""
+def rnn_text(d: int, h: int) -> str:
+    """The model in ONNX text: h' = Tanh(x_t W + h U) for each row x_t of x, all states scanned out."""
+    return f"""
 <ir_version: 8, opset_import: ["" : 17]>
-rnn (float[T, {D}] x, float[{H}] h0) => (float[{H}] h_last, float[T, {H}] hs) <float[{D}, {H}] W, float[{H}, {H}] U> {{
+rnn (float[T, {d}] x, float[{h}] h0) => (float[{h}] h_last, float[T, {h}] hs) <float[{d}, {h}] W, float[{h}, {h}] U> {{
     shape = Shape <start = 0, end = 1> (x)
     trip = Squeeze (shape)
     cond = Constant <value = bool {{1}}> ()
-    h_last, hs = Loop (trip, cond, h0) <body = step (int64 i, bool c, float[{H}] h) => (bool c_out, float[{H}] h_new, float[{H}] h_scan) {{
+    h_last, hs = Loop (trip, cond, h0) <body = step (int64 i, bool c, float[{h}] h) => (bool c_out, float[{h}] h_new, float[{h}] h_scan) {{
         x_t = Gather <axis = 0> (x, i)
         xw = MatMul (x_t, W)
         hu = MatMul (h, U)
@@ -45,7 +47,7 @@ rnn (float[T, {D}] x, float[{H}] h0) => (float[{H}] h_last, float[T, {H}] hs) <f
 
 
 def build_model(rng: np.random.Generator) -> onnx.ModelProto:
-    model = onnx.parser.parse_model(RNN)
+    model = onnx.parser.parse_model(rnn_text(D, H))
     for name, shape in (("W", (D, H)), ("U", (H, H))):
         weight = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
         model.graph.initializer.append(onnx.numpy_helper.from_array(weight, name))

@@ -14,6 +14,7 @@ import pytest
 
 from autobatch.backends import Interpreter
 from autobatch.batcher import BatchingPass
+from autobatch.examples.loop_rnn import rnn_text
 from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.onnx_io import choose_ir_version
@@ -67,24 +68,8 @@ def run_batched(model: onnx.ModelProto, instances: list[dict[str, np.ndarray]], 
     return result
 
 
-# An RNN as a Loop over the sequence length: h' = Tanh(x_t W + h U), all states scanned out.
-RNN = f"""
-<ir_version: 8, opset_import: ["" : 17]>
-rnn (float[T, {D}] x, float[{H}] h0) => (float[{H}] h_last, float[T, {H}] hs) <float[{D}, {H}] W, float[{H}, {H}] U> {{
-    shape = Shape <start = 0, end = 1> (x)
-    trip = Squeeze (shape)
-    cond = Constant <value = bool {{1}}> ()
-    h_last, hs = Loop (trip, cond, h0) <body = step (int64 i, bool c, float[{H}] h) => (bool c_out, float[{H}] h_new, float[{H}] h_scan) {{
-        x_t = Gather <axis = 0> (x, i)
-        xw = MatMul (x_t, W)
-        hu = MatMul (h, U)
-        pre = Add (xw, hu)
-        h_new = Tanh (pre)
-        h_scan = Identity (h_new)
-        c_out = Identity (c)
-    }}>
-}}
-"""
+# An RNN as a Loop over the sequence length (the example's model, small).
+RNN = rnn_text(D, H)
 RNN_OPS_PER_STEP = 7  # Gather, MatMul, MatMul, Add, Tanh, Identity, Identity
 
 
