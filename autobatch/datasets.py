@@ -8,8 +8,16 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-# Where the shared data lives: $AUTOBATCH_DATA, else ../shared/data beside the repository.
-DATA_DIR = Path(os.environ.get("AUTOBATCH_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+def _data_dir() -> Path:
+    """Where the shared data lives: $AUTOBATCH_DATA, else ../shared/data beside the repository
+    (an editable install), else beside the working directory (any install, run from the repo)."""
+    if "AUTOBATCH_DATA" in os.environ:
+        return Path(os.environ["AUTOBATCH_DATA"])
+    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+DATA_DIR = _data_dir()
 
 
 @dataclass
