@@ -41,6 +41,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
     run.add_argument("--batch-size", type=int, default=64)
     run.add_argument("--no-progress", action="store_true")
+
+    serve = commands.add_parser("serve", help="Open Inference Protocol (KServe v2 / Triton) HTTP server that batches "
+                                "concurrent requests whose graphs differ")
+    serve.add_argument("models", nargs="+", metavar="MODEL_OR_PROGRAM",
+                       help="a .onnx file (served under its stem) or module:function / file.py:function (a program)")
+    serve.add_argument("--name", action="append", default=[],
+                       help="serve the n-th model under this name instead (repeat for several)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
+    serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
+    serve.add_argument("--max-queue-delay-microseconds", type=int, help="Triton's name; overrides the wait timeout")
+    serve.add_argument("--max-queue", type=int, default=1024, help="queued requests per model before 503")
+    serve.add_argument("--request-timeout-s", type=float, default=30.0)
+    serve.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    serve.add_argument("--no-batching", action="store_true", help="run every request alone (the baseline)")
     return parser
 
 
@@ -83,6 +100,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _, failed = tools.run_file(args.model, args.inputs, args.output, args.backend, args.batch_size, print,
                                    progress=not args.no_progress)
         return 2 if failed else 0
+    elif args.command == "serve":
+        from autobatch.serving.cli import serve_command
+
+        if len(args.name) > len(args.models):
+            parser.error("more --name options than models")
+        serve_command(args)
     return 0
 
 

@@ -113,9 +113,10 @@ def level_schedule(problem: Problem) -> Schedule:
     for i in np.flatnonzero(problem.sig != UNBATCHABLE):
         pending[int(problem.sig[i])][int(problem.level[i])] += 1
 
+    lowest = {cls: min(levels) for cls, levels in pending.items()}  # kept up to date below
+
     def completes_lowest_level(ready: _Ready, cls: int) -> bool:
-        lowest = min(pending[cls])
-        return ready.ready_at_level[cls, lowest] == pending[cls][lowest]
+        return ready.ready_at_level[cls, lowest[cls]] == pending[cls][lowest[cls]]
 
     def choose(ready: _Ready) -> int:
         complete = [c for c in ready.ready_by_class if completes_lowest_level(ready, c)]
@@ -126,6 +127,8 @@ def level_schedule(problem: Problem) -> Schedule:
             counts[lvl] -= 1
             if counts[lvl] == 0:
                 del counts[lvl]
+        if counts:
+            lowest[cls] = min(counts)
         return cls
 
     return _agenda(problem, choose)
