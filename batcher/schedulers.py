@@ -6,8 +6,9 @@ group holding nodes of one signature class whose dependencies all lie in earlier
   lowest average depth over the whole graph (ties go to cheaper ops).
 - ``level`` (ours): prefer a ready class whose ready nodes include *every* remaining node of
   its lowest pending level (launching it now cannot cost a later launch: the lower bound is
-  kept); otherwise fall back to the agenda rule. On trees and chains this reaches the lower
-  bound where depth and agenda over-split.
+  kept); tie-breaks from the agenda rule and from the levels still ahead, the better of the
+  two schedules kept. On trees and chains this reaches the lower bound where depth and agenda
+  over-split.
 """
 
 from __future__ import annotations
@@ -107,13 +108,22 @@ def agenda_schedule(problem: Problem) -> Schedule:
 
 
 def level_schedule(problem: Problem) -> Schedule:
-    key = _cheapest_first(problem)
+    """Ours: launch a ready class whose ready nodes complete its lowest pending level (this
+    never costs a launch against the lower bound); among several, and when none completes,
+    two tie-breaks are tried (the agenda's lowest average depth, and the class with the most
+    levels still ahead) and the shorter schedule is kept."""
+    average_depth = _cheapest_first(problem)
+    return min((_level_schedule(problem, tie_break) for tie_break in (average_depth, None)), key=len)
+
+
+def _level_schedule(problem: Problem, tie_break: Callable[[int], tuple] | None) -> Schedule:
     # pending[cls][lvl]: nodes of class cls at level lvl not launched yet.
     pending: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for i in np.flatnonzero(problem.sig != UNBATCHABLE):
         pending[int(problem.sig[i])][int(problem.level[i])] += 1
-
     lowest = {cls: min(levels) for cls, levels in pending.items()}  # kept up to date below
+    highest = {cls: max(levels) for cls, levels in pending.items()}
+    key = tie_break or (lambda cls: (lowest[cls] - highest[cls], cls))  # most levels ahead first
 
     def completes_lowest_level(ready: _Ready, cls: int) -> bool:
         return ready.ready_at_level[cls, lowest[cls]] == pending[cls][lowest[cls]]
