@@ -1,0 +1,221 @@
+"""Load on the serving layer: many concurrent clients sending requests of varied sizes to
+``autobatch serve`` on loopback, batched versus the same server with batching off.
+
+    python -m benchmarks.serving_load [--requests 600] [--clients 32] [--time-limit 60]
+
+The model is one instance of a pooled encoder: ``x: float[N, 128]`` (N, the length, differs
+per request, so concurrent requests have different graphs) -> MatMul, Tanh -> mean over N ->
+a 512-2048-512 MLP -> scores. The server runs in its own process; the clients are threads
+here, each on a keep-alive connection, sending Triton's binary tensors. Every response is
+checked against ``InferenceSession.run`` of that instance alone: none may be lost or differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from autobatch import InferenceSession
+from autobatch.ir.onnx_io import choose_ir_version
+
+D, E, H, SCORES = 128, 512, 2048, 16
+
+
+def build_model(seed: int = 0) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 9, opset_import: ["" : 18]>
+    pooled (float[N, {D}] x) => (float[{SCORES}] scores) <float[{D}, {E}] Emb, float[{E}, {H}] W1, float[{H}, {E}] W2,
+                                                         float[{E}, {SCORES}] O, int64[1] axis = {{0}}> {{
+        e = MatMul(x, Emb)
+        t = Tanh(e)
+        pooled = ReduceMean<keepdims=0>(t, axis)
+        h = MatMul(pooled, W1)
+        r = Relu(h)
+        h2 = MatMul(r, W2)
+        t2 = Tanh(h2)
+        scores = MatMul(t2, O)
+    }}""")
+    rng = np.random.default_rng(seed)
+    for name, shape in (("Emb", (D, E)), ("W1", (E, H)), ("W2", (H, E)), ("O", (E, SCORES))):
+        weight = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, name))
+    model.ir_version = choose_ir_version(model, None)
+    onnx.checker.check_model(model)
+    return model
+
+
+def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A v2 request with the input and the output as raw bytes (Triton's binary extension)."""
+    raw = x.tobytes()
+    header = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(raw)}}],
+                         "outputs": [{"name": "scores", "parameters": {"binary_data": True}}]}).encode()
+    return header + raw, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+
+
+def read_scores(body: bytes, header_length: int) -> np.ndarray:
+    header = json.loads(body[:header_length])
+    [out] = header["outputs"]
+    return np.frombuffer(body[header_length:], np.float32).reshape(out["shape"])
+
+
+@dataclass
+class Result:
+    latencies: list[float] = field(default_factory=list)
+    ok: int = 0
+    mismatched: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def drive(port: int, xs: list[np.ndarray], expected: list[np.ndarray], clients: int, time_limit: float) -> Result:
+    """``clients`` threads send every request once (or until the time limit); every answer is checked."""
+    result, lock, cursor = Result(), threading.Lock(), iter(range(len(xs)))
+    deadline = time.monotonic() + time_limit
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while time.monotonic() < deadline:
+            with lock:
+                k = next(cursor, None)
+            if k is None:
+                break
+            body, headers = binary_request(xs[k])
+            start = time.perf_counter()
+            try:
+                connection.request("POST", "/v2/models/pooled/infer", body, headers)
+                response = connection.getresponse()
+                data = response.read()
+            except OSError as error:
+                with lock:
+                    result.failed.append(f"request {k}: {error}")
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                continue
+            latency = time.perf_counter() - start
+            with lock:
+                if response.status != 200:
+                    result.failed.append(f"request {k}: {response.status} {data[:200]!r}")
+                    continue
+                got = read_scores(data, int(response.getheader("Inference-Header-Content-Length")))
+                result.latencies.append(latency)
+                if got.shape == expected[k].shape and np.allclose(got, expected[k], rtol=1e-4, atol=1e-5):
+                    result.ok += 1
+                else:
+                    result.mismatched += 1
+        connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, expected) -> tuple[Result, float]:
+    """Start ``autobatch serve``, drive it, read the mean batch size from /metrics, stop it."""
+    port = free_port()
+    command = [sys.executable, "-m", "autobatch", "serve", model_path, "--port", str(port),
+               "--backend", args.backend, "--max-batch-size", str(args.max_batch_size),
+               "--batch-wait-timeout-s", str(args.batch_wait_timeout_s), "--max-queue", str(4 * args.clients)]
+    if not batching:
+        command.append("--no-batching")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if get(port, "/v2/health/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start: {process.stderr.read() if process.stderr else ''}")
+            time.sleep(0.1)
+        drive(port, xs[:args.clients], expected[:args.clients], args.clients, args.time_limit)  # warm-up
+        result = drive(port, xs, expected, args.clients, args.time_limit)
+        text = get(port, "/metrics")[1]
+        total = float(re.search(r'^autobatch_batch_size_sum\{model="pooled"\} (\S+)', text, re.M).group(1))
+        count = float(re.search(r'^autobatch_batch_size_count\{model="pooled"\} (\S+)', text, re.M).group(1))
+        return result, total / max(count, 1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=32, help="lengths N are drawn from 1..max-length")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per server, at most")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--batch-wait-timeout-s", type=float, default=0.002)
+    parser.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(1)
+    model = build_model()
+    lengths = rng.integers(1, args.max_length + 1, args.requests)
+    xs = [rng.standard_normal((int(n), D)).astype(np.float32) for n in lengths]
+    session = InferenceSession(model)
+    expected = [session.run(None, {"x": x})[0] for x in xs]
+    print(f"{args.requests} requests, lengths 1..{args.max_length} ({len(set(lengths.tolist()))} distinct), "
+          f"{args.clients} concurrent clients, backend {args.backend}, max batch {args.max_batch_size}, "
+          f"wait {args.batch_wait_timeout_s * 1e3:g} ms")
+    print(f"{'server':<14}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'ok':>6}{'lost':>6}{'wrong':>7}")
+    lost_or_wrong = 0
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "pooled.onnx")
+        onnx.save(model, path)
+        for label, batching in (("batching on", True), ("batching off", False)):
+            result, mean_batch = run_server(path, batching, args, xs, expected)
+            lost = args.requests - result.ok - result.mismatched
+            lost_or_wrong += lost + result.mismatched
+            p50, p99 = (np.percentile(result.latencies, q) * 1e3 for q in (50, 99)) if result.latencies else (0, 0)
+            print(f"{label:<14}{result.ok / result.seconds:>11.1f}{p50:>9.1f}{p99:>9.1f}{mean_batch:>12.1f}"
+                  f"{result.ok:>6}{lost:>6}{result.mismatched:>7}")
+            for line in result.failed[:5]:
+                print(f"  failed: {line}")
+    return 1 if lost_or_wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

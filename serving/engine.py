@@ -1,0 +1,320 @@
+"""The engine: requests of one model from many concurrent callers, gathered into batches.
+
+One asyncio worker per engine takes the first waiting request, waits up to
+``batch_wait_timeout_s`` for more (dispatching at once when ``max_batch_size`` are there),
+checks each request's feeds (a bad one fails alone, with 400 semantics), and runs the rest
+with ``run_batch`` in a worker thread, so the event loop keeps accepting requests meanwhile.
+The instances of a batch may have different shapes, i.e. different graphs: that is the point.
+If the batched run raises, each instance is re-run alone so that only the guilty one fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autobatch.backends import FeedError
+from autobatch.serving.errors import (
+    BadRequest, InferenceFailed, ModelNotFound, QueueFull, RequestTimeout, ServingError, ShuttingDown,
+)
+from autobatch.serving.metrics import EngineMetrics, render
+from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
+from autobatch.session import InferenceSession
+
+
+@dataclass(eq=False)
+class _Request:
+    feeds: Feeds
+    outputs: list[str] | None
+    future: asyncio.Future[Outputs]
+
+    def settle(self, result: Outputs | BaseException) -> None:
+        if self.future.done():  # timed out or cancelled meanwhile: nobody is waiting
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+        else:
+            self.future.set_result(result)
+
+
+class Engine:
+    """Batches concurrent ``infer`` calls for one model or program.
+
+    ``model`` is a path (``.onnx``, or ``module:function`` for a program), an ONNX model, an
+    ``InferenceSession`` or a ``Runner``. ``max_queue_delay_microseconds`` (Triton's name)
+    overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
+    request alone, in arrival order (the baseline). Invariant: the engine's state is touched
+    only on the event loop it was started on; ``infer_sync`` hops onto that loop.
+    """
+
+    def __init__(self, model: Any, *, name: str | None = None, max_batch_size: int = 32,
+                 batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
+                 max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
+                 backend: str = "numpy") -> None:
+        if max_batch_size < 1 or max_queue < 1:
+            raise ValueError("max_batch_size and max_queue must be positive")
+        if max_queue_delay_microseconds is not None:
+            batch_wait_timeout_s = max_queue_delay_microseconds / 1e6
+        if batch_wait_timeout_s < 0:
+            raise ValueError("the batch wait timeout must not be negative")
+        self.name, self.runner = _as_runner(model, backend)
+        if name is not None:
+            self.name = name
+        self.max_batch_size = max_batch_size
+        self.batch_wait_timeout_s = batch_wait_timeout_s
+        self.max_queue = max_queue
+        self.request_timeout_s = request_timeout_s
+        self.batching = batching
+        self.metrics = EngineMetrics()
+        self._queue: deque[_Request] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._arrived: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None  # our own loop, for blocking callers only
+        self._thread_lock = threading.Lock()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def ready(self) -> bool:
+        return self._worker is not None and not self._worker.done() and not self._closing
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Bind to the running event loop and start the worker (done by the first ``infer``)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None:
+            raise RuntimeError(f"engine {self.name!r} already runs on another event loop")
+        self._loop, self._arrived = loop, asyncio.Event()
+        # One thread: a session is not safe to run from two threads at once.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"autobatch-{self.name}")
+        self._worker = loop.create_task(self._work(), name=f"autobatch-engine-{self.name}")
+
+    async def close(self) -> None:
+        """Graceful: refuse new requests, finish every queued and running one, then stop."""
+        if self._loop is None or self._closing:
+            return
+        self._closing = True
+        assert self._arrived is not None and self._executor is not None
+        self._arrived.set()
+        if self._worker is not None:
+            await self._worker
+        self._executor.shutdown(wait=True)
+
+    def shutdown(self) -> None:
+        """``close`` from a thread other than the engine's loop; stops our own loop thread."""
+        if self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.close(), self._loop).result()
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    # ------------------------------------------------------------------ requests
+    async def infer(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None,
+                    timeout: float | None = None) -> Outputs:
+        """This instance's outputs ``{name: array}`` (all, or those named), batched with
+        whatever else arrives meanwhile. Raises a ``ServingError`` subclass on failure."""
+        await self.start()
+        assert self._arrived is not None
+        start = time.perf_counter()
+        self.metrics.requests += 1
+        request = None
+        try:
+            if self._closing:
+                raise ShuttingDown(f"model {self.name!r} is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue} requests waiting)")
+            future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
+            request = _Request({k: np.asarray(v) for k, v in feeds.items()},
+                               list(outputs) if outputs is not None else None, future)
+            self._queue.append(request)
+            self._arrived.set()
+            limit = timeout if timeout is not None else self.request_timeout_s
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), limit)
+            except TimeoutError:
+                raise RequestTimeout(f"model {self.name!r}: no result within {limit} s") from None
+        except ServingError as error:
+            self.metrics.errors[error.status] += 1
+            raise
+        finally:
+            if request is not None and not request.future.done():  # timed out or the caller went away
+                request.future.cancel()
+                if request in self._queue:
+                    self._queue.remove(request)
+            self.metrics.latency.observe(time.perf_counter() - start)
+
+    def infer_sync(self, feeds: Mapping[str, Any], outputs: Sequence[str] | None = None,
+                   timeout: float | None = None) -> Outputs:
+        """Blocking ``infer`` for threads. Runs on the loop the engine was started on, or on
+        a loop thread of its own if it was not started yet."""
+        if self._closing:
+            raise ShuttingDown(f"model {self.name!r} is shutting down")
+        loop = self._loop or self._start_thread()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("infer_sync on the engine's own event loop would block it; await infer")
+        return asyncio.run_coroutine_threadsafe(self.infer(feeds, outputs, timeout), loop).result()
+
+    def _start_thread(self) -> asyncio.AbstractEventLoop:
+        with self._thread_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=loop.run_forever, name=f"autobatch-loop-{self.name}", daemon=True)
+                self._thread.start()
+                asyncio.run_coroutine_threadsafe(self.start(), loop).result()
+            assert self._loop is not None
+            return self._loop
+
+    # ------------------------------------------------------------------ the worker
+    async def _work(self) -> None:
+        assert self._arrived is not None and self._loop is not None
+        while True:
+            while not self._queue:
+                if self._closing:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+            if self.batching and not self._closing:
+                await self._gather_more()
+            size = self.max_batch_size if self.batching else 1
+            batch = [self._queue.popleft() for _ in range(min(size, len(self._queue)))]
+            try:
+                await self._run(batch)
+            except Exception as error:  # a bug of ours: fail this batch, keep serving
+                for request in batch:
+                    request.settle(InferenceFailed(f"{type(error).__name__}: {error}"))
+
+    async def _gather_more(self) -> None:
+        """Wait up to the batch wait timeout (from now, with a first request waiting) for more."""
+        assert self._arrived is not None and self._loop is not None
+        deadline = self._loop.time() + self.batch_wait_timeout_s
+        while len(self._queue) < self.max_batch_size and not self._closing:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def _run(self, batch: list[_Request]) -> None:
+        good = []
+        for request in batch:
+            if request.future.done():
+                continue
+            try:
+                request.feeds = self.runner.check(request.feeds)
+                self._check_outputs(request.outputs)
+                good.append(request)
+            except FeedError as error:
+                request.settle(BadRequest(str(error)))
+        if not good:
+            return
+        self.metrics.batch_sizes.observe(len(good))
+        results = await self._execute([r.feeds for r in good])
+        for request, result in zip(good, results):
+            if isinstance(result, BaseException):
+                status = BadRequest if isinstance(result, FeedError) else InferenceFailed
+                request.settle(status(f"{type(result).__name__}: {result}"))
+            else:
+                try:
+                    request.settle(_select(result, request.outputs))
+                except BadRequest as error:
+                    request.settle(error)
+
+    async def _execute(self, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:
+        """Batched when there are several; each alone when the batch fails (or is one)."""
+        assert self._loop is not None
+        if len(feeds_list) > 1:
+            try:
+                results = await self._loop.run_in_executor(self._executor, self.runner.run_batch, feeds_list)
+                if len(results) == len(feeds_list):
+                    return results
+            except Exception:
+                pass  # find the guilty instance(s) below
+            self.metrics.instances_rerun += len(feeds_list)
+        alone: list[Outputs | BaseException] = []
+        for feeds in feeds_list:
+            try:
+                alone.append(await self._loop.run_in_executor(self._executor, self.runner.run, feeds))
+            except Exception as error:
+                alone.append(error)
+        return alone
+
+    def _check_outputs(self, outputs: list[str] | None) -> None:
+        known = [spec.name for spec in self.runner.outputs]
+        unknown = [name for name in outputs or [] if known and name not in known]
+        if unknown:
+            raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {known}")
+
+
+class ModelRegistry:
+    """The served models by name: one engine (one queue, one worker) each."""
+
+    def __init__(self, engines: Iterable[Engine] = ()) -> None:
+        self.engines: dict[str, Engine] = {}
+        for engine in engines:
+            self.add(engine)
+
+    def add(self, engine: Engine) -> Engine:
+        if engine.name in self.engines:
+            raise ValueError(f"a model named {engine.name!r} is served already")
+        self.engines[engine.name] = engine
+        return engine
+
+    def get(self, name: str) -> Engine:
+        engine = self.engines.get(name)
+        if engine is None:
+            raise ModelNotFound(f"unknown model {name!r}; served: {sorted(self.engines)}")
+        return engine
+
+    async def start(self) -> None:
+        for engine in self.engines.values():
+            await engine.start()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(engine.close() for engine in self.engines.values()))
+
+    def metrics_text(self) -> str:
+        return render((name, e.metrics, e.queue_depth) for name, e in self.engines.items())
+
+
+def _as_runner(model: Any, backend: str) -> tuple[str, Runner]:
+    if isinstance(model, str):
+        return load_runner(model, backend)
+    if isinstance(model, InferenceSession):
+        return model.graph.name or "model", SessionRunner(model)
+    if hasattr(model, "run_batch") and hasattr(model, "check"):
+        return getattr(model, "name", None) or "model", model
+    session = InferenceSession(model, backend=backend)
+    return session.graph.name or "model", SessionRunner(session)
+
+
+def _select(outputs: Outputs, names: list[str] | None) -> Outputs:
+    if names is None:
+        return outputs
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise BadRequest(f"unknown output(s) {missing}; this instance produced {sorted(outputs)}")
+    return {name: outputs[name] for name in names}
