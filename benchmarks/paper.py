@@ -1,0 +1,555 @@
+"""Inference throughput of the four tasks, ours against DyNet 2.2 and PyTorch, side by side.
+
+    python -m benchmarks [--minibatch 64] [--size 256] [--json PATH] [--plot PATH] [--sizes 1,4,16,64,256]
+    python -m benchmarks --quick          # correctness of every system on a few small instances
+
+Every system sees the same instances, the same weights (the examples' parameters, fixed seed)
+and 2 threads. Ours: one instance at a time (a Batch per instance) and batched (one Batch for the
+minibatch) with each scheduler, on the numpy and onnxruntime backends, in primitive ops and in
+cells. DyNet (a subprocess per autobatch setting 0/1/2) and PyTorch eager (one at a time, and
+batched by hand). Before anything is timed, every system's per-instance results are checked
+against PyTorch's (same weights) and against ours one instance at a time.
+
+Throughput counts everything a user waits for: tracing / graph building, batching, execution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autobatch import Batch, run_programs
+from benchmarks import peers_dynet, peers_torch
+from benchmarks.tasks import TASKS, Task, build
+
+THREADS = 2
+SCHEDULERS = ("depth", "agenda", "level")
+BACKENDS = ("numpy", "onnxruntime")
+FORMS = ("primitive", "cells")
+SWEEP_TASKS = ("treelstm", "bilstm")
+RTOL = ATOL = 2e-3  # float32 sums of ~40-100 NLLs, different summation orders
+
+
+@dataclass
+class Record:
+    task: str
+    system: str  # ours | dynet | pytorch
+    variant: str
+    backend: str
+    batch_size: int
+    instances_per_s: float
+    seconds: float = 0.0  # for `timed_instances`
+    timed_instances: int = 0
+    launches: int | None = None
+    lower_bound: int | None = None
+    trace_s: float | None = None
+    batching_s: float | None = None  # analyse + schedule + rewrite (report.seconds)
+    exec_s: float | None = None
+    batching_detail: dict[str, float] = field(default_factory=dict)
+    gflops: float | None = None
+    check: str = ""
+
+
+# ---------------------------------------------------------------------------------------- our runs
+@dataclass
+class OurRun:
+    values: list[Any]
+    seconds: float
+    trace_s: float
+    run_s: float
+    reports: list[Any]
+
+
+def _values(task: Task, results: Sequence[Any]) -> list[Any]:
+    if task.is_parser:
+        return [r.heads for r in results]
+    return [float(v) for v in results]
+
+
+def run_ours(task: Task, instances: Sequence[Any], form: str, backend: str, scheduler: str) -> OurRun:
+    """One minibatch in one Batch (parser: run_programs over one Batch), timed in parts."""
+    fn = task.functions()[form]
+    params = task.params
+    batch = Batch(backend=backend, scheduler=scheduler, threads=THREADS)
+    run_s = 0.0
+    start = time.perf_counter()
+    if task.is_parser:
+        run_pending = batch.run_pending
+
+        def timed_run() -> None:
+            nonlocal run_s
+            t = time.perf_counter()
+            run_pending()
+            run_s += time.perf_counter() - t
+
+        batch.run_pending = timed_run  # type: ignore[method-assign]
+        results = run_programs(lambda s: fn(s, params), instances, backend=backend, scheduler=scheduler,
+                               threads=THREADS, batch=batch)
+        failures = [r for r in results if not hasattr(r, "heads")]
+        if failures:
+            raise RuntimeError(f"parser program failed: {failures[0]}")
+        total = time.perf_counter() - start
+        return OurRun(_values(task, results), total, total - run_s, run_s, batch.reports)
+    with batch:
+        losses = [fn(x, params) for x in instances]
+        traced = time.perf_counter()
+        values = batch.run(losses)
+    done = time.perf_counter()
+    return OurRun(_values(task, values), done - start, traced - start, done - traced, batch.reports)
+
+
+def run_ours_one_at_a_time(task: Task, instances: Sequence[Any], form: str, backend: str) -> OurRun:
+    values, trace_s, run_s, reports = [], 0.0, 0.0, []
+    start = time.perf_counter()
+    for x in instances:
+        r = run_ours(task, [x], form, backend, "level")
+        values += r.values
+        trace_s += r.trace_s
+        run_s += r.run_s
+        reports += r.reports
+    return OurRun(values, time.perf_counter() - start, trace_s, run_s, reports)
+
+
+def best_of(run: Callable[[], Any], repeats: int, seconds: Callable[[Any], float]) -> tuple[Any, Any]:
+    """(warm-up result, fastest of ``repeats`` timed results)."""
+    first = run()
+    best = None
+    for _ in range(repeats):
+        r = run()
+        if best is None or seconds(r) < seconds(best):
+            best = r
+    return first, best if best is not None else first  # repeats=0 (--quick): the first run
+
+
+# ---------------------------------------------------------------------------------------- checks
+def agree(task: Task, got: Sequence[Any], want: Sequence[Any]) -> str:
+    """'' when they agree, else what differs."""
+    n = min(len(got), len(want))
+    if task.is_parser:
+        same = sum(g == w for g, w in zip(got[:n], want[:n]))
+        return "" if same == n else f"{n - same} of {n} parses differ"
+    g, w = np.array(got[:n]), np.array(want[:n])
+    if np.allclose(g, w, rtol=RTOL, atol=ATOL):
+        return ""
+    k = int(np.argmax(np.abs(g - w) / (ATOL + RTOL * np.abs(w))))
+    return f"instance {k}: {g[k]:.6g} vs {w[k]:.6g}"
+
+
+class Checker:
+    """References: PyTorch one at a time over every instance (same weights), and ours one
+    at a time (numpy, primitive ops) over the first instances."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.references: dict[str, list[Any]] = {}
+        self.failures: list[str] = []
+
+    def add_reference(self, name: str, values: list[Any]) -> None:
+        self.references[name] = values
+
+    def check(self, label: str, values: list[Any]) -> str:
+        problems = [f"vs {name}: {why}" for name, ref in self.references.items() if (why := agree(self.task, values, ref))]
+        if problems:
+            message = f"{self.task.name} {label}: " + "; ".join(problems)
+            self.failures.append(message)
+            print(f"  CHECK FAILED {message}", flush=True)
+            return "FAILED"
+        return "ok"
+
+
+# ---------------------------------------------------------------------------------------- machine
+def gemm_peak(n: int = 1024, repeats: int = 8) -> float:
+    """GFLOP/s of a float32 n x n x n numpy matmul (fastest of ``repeats``)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ---------------------------------------------------------------------------------------- one task
+def measure_task(task: Task, args: argparse.Namespace, dynet: dict[int, dict[str, Any]], peak: float) -> tuple[list[Record], list[str]]:
+    name, instances = task.name, task.instances
+    count = len(instances)
+    flops = task.flops()
+    one_count = min(count, args.one_at_a_time)
+    one_flops = build_flops_subset(task, one_count)
+    checker = Checker(task)
+    records: list[Record] = []
+    print(f"\n== {task.title}: {count} instances from {task.source}, size {task.size}; "
+          f"{flops / count / 1e6:.1f} MFLOP an instance (estimate)", flush=True)
+
+    def add(system: str, variant: str, backend: str, seconds: float, timed: int, fl: float, values: list[Any],
+            **extra: Any) -> Record:
+        status = checker.check(f"{system} {variant} {backend}", values)
+        r = Record(name, system, variant, backend, count, timed / seconds, seconds, timed, gflops=fl / seconds / 1e9,
+                   check=status, **extra)
+        records.append(r)
+        print(f"  {system:8} {variant:28} {backend:12} {r.instances_per_s:9.1f} inst/s  [{status}]", flush=True)
+        return r
+
+    # references first
+    torch_runners = None
+    why_not_torch = peers_torch.available() if not args.no_torch else "--no-torch"
+    if why_not_torch is None:
+        torch_runners = peers_torch.Models(task).runners()
+        reference = torch_runners["per-instance"](instances)
+        checker.add_reference("pytorch per-instance", reference)
+    ours_reference = run_ours_one_at_a_time(task, instances[:one_count], "primitive", "numpy").values
+    checker.add_reference("ours one-at-a-time numpy primitive", ours_reference)
+
+    # ours
+    for form in FORMS:
+        for backend in BACKENDS:
+            _, r = best_of(lambda: run_ours_one_at_a_time(task, instances[:one_count], form, backend),
+                           args.repeats, lambda r: r.seconds)
+            add("ours", f"{form}, one at a time", backend, r.seconds, one_count, one_flops, r.values,
+                trace_s=r.trace_s, exec_s=r.run_s - sum(sum(x.seconds.values()) for x in r.reports),
+                batching_s=sum(sum(x.seconds.values()) for x in r.reports))
+            for scheduler in SCHEDULERS:
+                _, r = best_of(lambda: run_ours(task, instances, form, backend, scheduler), args.repeats,
+                               lambda r: r.seconds)
+                detail: dict[str, float] = {}
+                for report in r.reports:
+                    for k, v in report.seconds.items():
+                        detail[k] = detail.get(k, 0.0) + v
+                batching = sum(detail.values())
+                add("ours", f"{form}, batched {scheduler}", backend, r.seconds, count, flops, r.values,
+                    launches=sum(x.launches for x in r.reports), lower_bound=sum(x.lower_bound for x in r.reports),
+                    trace_s=r.trace_s, batching_s=batching, exec_s=r.run_s - batching, batching_detail=detail)
+
+    # PyTorch
+    if torch_runners is None:
+        print(f"  pytorch  skipped: {why_not_torch}")
+    else:
+        for variant, run in torch_runners.items():
+            def timed(run: Callable = run) -> tuple[list[Any], float]:
+                start = time.perf_counter()
+                values = run(instances)
+                return values, time.perf_counter() - start
+
+            _, (values, seconds) = best_of(timed, args.repeats, lambda r: r[1])
+            add("pytorch", variant, "torch-cpu", seconds, count, flops, values)
+
+    # DyNet (already run in subprocesses)
+    for autobatch, result in dynet.items():
+        if "error" in result:
+            continue
+        for key, rec in result["results"].items():
+            task_name, strategy = key.split("/")
+            if task_name != name:
+                continue
+            variant = f"autobatch={autobatch}" if strategy == "autobatch" else strategy
+            add("dynet", variant, "dynet-cpu", rec["seconds"], rec["count"], flops, rec["values"])
+    return records, checker.failures
+
+
+def build_flops_subset(task: Task, count: int) -> float:
+    return Task(task.name, task.instances[:count], task.params, task.source, task.size).flops()
+
+
+# ---------------------------------------------------------------------------------------- reporting
+def best(records: Sequence[Record], **where: Any) -> Record | None:
+    matching = [r for r in records if all(getattr(r, k) == v if not callable(v) else v(getattr(r, k))
+                                          for k, v in where.items())]
+    return max(matching, key=lambda r: r.instances_per_s, default=None)
+
+
+def is_batched(variant: str) -> bool:
+    return "batched " in variant
+
+
+def table(records: list[Record], peak: float) -> list[str]:
+    lines = []
+    for name in dict.fromkeys(r.task for r in records):
+        rs = [r for r in records if r.task == name]
+        dynet = best(rs, system="dynet", variant=lambda v: v.startswith("autobatch"))
+        hand = best(rs, variant=lambda v: v in ("hand-batched", "hand-padded"))
+        lines.append(f"\n{name}: minibatch {rs[0].batch_size}; best DyNet autobatch: "
+                     f"{dynet.variant + f' {dynet.instances_per_s:.1f}/s' if dynet else 'n/a'}; best hand batching: "
+                     f"{f'{hand.system} {hand.variant} {hand.instances_per_s:.1f}/s' if hand else 'n/a'}")
+        lines.append(f"| system | variant | backend | inst/s | vs DyNet best | vs hand | launches / bound | "
+                     f"trace ms | batching ms | exec ms | GFLOP/s | % peak | check |")
+        lines.append("|" + "---|" * 13)
+        for r in rs:
+            ratio_d = f"{r.instances_per_s / dynet.instances_per_s:.2f}x" if dynet else "-"
+            ratio_h = f"{r.instances_per_s / hand.instances_per_s:.2f}x" if hand else "-"
+            launches = f"{r.launches} / {r.lower_bound} ({r.launches / r.lower_bound:.2f})" if r.launches else "-"
+            per = 1e3 * r.seconds / r.timed_instances * r.batch_size  # ms for the minibatch
+            scale = per / r.seconds / 1e3 if r.seconds else 0
+            ms = [f"{v * 1e3 * scale:.0f}" if v is not None else "-" for v in (r.trace_s, r.batching_s, r.exec_s)]
+            lines.append(f"| {r.system} | {r.variant} | {r.backend} | {r.instances_per_s:.1f} | {ratio_d} | {ratio_h} | "
+                         f"{launches} | {' | '.join(ms)} | {r.gflops:.2f} | {100 * r.gflops / peak:.1f} | {r.check} |")
+    return lines
+
+
+def verdicts(records: list[Record]) -> list[str]:
+    lines = []
+
+    def ours_best(task: str) -> Record | None:
+        return best(records, task=task, system="ours", variant=is_batched)
+
+    def line(label: str, got: float | None, want: float, strict: bool = False, lower: bool = False) -> None:
+        if got is None:
+            lines.append(f"- {label}: not measured (a peer missing)")
+            return
+        ok = (got <= want) if lower else (got > want if strict else got >= want)
+        sign = "<=" if lower else (">" if strict else ">=")
+        how = "MET" if ok else (f"MISSED: {want / got:.1f}x short of the target" if not lower
+                                else f"MISSED: {got:.2f} vs {want}")
+        lines.append(f"- {label}: measured {got:.2f} (target {sign} {want}) -> {how}")
+
+    def ratio(task: str, **peer: Any) -> float | None:
+        ours, other = ours_best(task), best(records, task=task, **peer)
+        return ours.instances_per_s / other.instances_per_s if ours and other else None
+
+    autobatch = {"system": "dynet", "variant": lambda v: v.startswith("autobatch")}
+    line("Tree-LSTM: ours / DyNet best strategy", ratio("treelstm", **autobatch), 2.0)
+    line("BiLSTM tagger: ours / DyNet best autobatch", ratio("bilstm", **autobatch), 2.0)
+    line("BiLSTM tagger: ours / PyTorch hand-padded (packed)", ratio("bilstm", system="pytorch", variant="hand-batched"),
+         1.0, strict=True)
+    line("char tagger: ours / DyNet best", ratio("chartagger", **autobatch), 1.0, strict=True)
+    line("parser: ours / DyNet best", ratio("parser", **autobatch), 1.0, strict=True)
+    for task in ("treelstm", "bilstm"):
+        ours = ours_best(task)
+        if ours is None:
+            continue
+        line(f"{task}: launches / lower bound of our fastest variant ({ours.variant}, {ours.backend})",
+             ours.launches / ours.lower_bound, 1.1, lower=True)
+        fewest = min((r for r in records if r.task == task and r.system == "ours" and r.launches),
+                     key=lambda r: r.launches / r.lower_bound)
+        lines.append(f"  (fewest launches of any scheduler: {fewest.variant}, {fewest.backend}: "
+                     f"{fewest.launches} / {fewest.lower_bound} = {fewest.launches / fewest.lower_bound:.2f})")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------- profile
+BUCKETS = (
+    ("tracing (frontends, examples)", ("/frontends/", "/examples/", "datasets.py")),
+    ("batching (batcher: analyse, schedule, rewrite)", ("/batcher/",)),
+    ("gather/scatter/concat/slice kernels (numpy)", ("kernels/shape_ops.py",)),
+    ("matmul/gemm kernels (numpy)", ("kernels/linalg.py",)),
+    ("other numpy kernels (elementwise, reduce, ...)", ("/kernels/",)),
+    ("interpreter dispatch", ("interpreter.py", "numpy_backend.py")),
+    ("onnxruntime executor: export + session building", ("ort_executor.py", "ort_runtime.py", "ort_backend.py")),
+    ("IR graph building / shape inference (ir/, onnx)", ("/ir/", "onnx/")),
+)
+
+
+def profile_split(task: Task, form: str, backend: str, scheduler: str) -> list[str]:
+    """cProfile one batched run; self time bucketed by where the code lives."""
+    profiler = cProfile.Profile()
+    run_ours(task, task.instances, form, backend, scheduler)  # warm
+    profiler.enable()
+    start = time.perf_counter()
+    run_ours(task, task.instances, form, backend, scheduler)
+    wall = time.perf_counter() - start
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    totals: dict[str, float] = {}
+    for (filename, _, func), (_, _, tottime, _, _) in stats.items():
+        if "InferenceSession' objects" in func and func.startswith("<method 'run'"):
+            bucket = "onnxruntime session.run (kernels + its own gathers)"
+        elif "onnxruntime" in func or "onnxruntime" in filename:
+            bucket = "onnxruntime executor: export + session building"
+        elif "numpy" in func and filename == "~":
+            bucket = "numpy C calls outside kernels"
+        else:
+            bucket = next((b for b, needles in BUCKETS if any(n in filename for n in needles)), "other Python")
+        totals[bucket] = totals.get(bucket, 0.0) + tottime
+    profiled = sum(totals.values())
+    lines = [f"cProfile of {task.name} {form}, batched {scheduler}, {backend}: {wall * 1e3:.0f} ms under the profiler "
+             f"(self time by where the code lives; profiling inflates Python-heavy parts)"]
+    for bucket, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {bucket:55} {t * 1e3:8.1f} ms  {100 * t / profiled:5.1f}%")
+    return lines
+
+
+def time_split(r: Record) -> str:
+    d = r.batching_detail
+    parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in d.items())
+    total = r.seconds
+    return (f"{r.task} {r.variant}, {r.backend}: {total * 1e3:.0f} ms = tracing {r.trace_s * 1e3:.0f} ms "
+            f"({100 * r.trace_s / total:.0f}%) + batching {r.batching_s * 1e3:.0f} ms ({100 * r.batching_s / total:.0f}%: "
+            f"{parts}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: graph assembly, "
+            f"runner/session, kernels, results)")
+
+
+# ---------------------------------------------------------------------------------------- sweep and plot
+def sweep(args: argparse.Namespace, records: list[Record], dynet_sweeps: dict[int, dict[str, Any]]) -> list[Record]:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    out: list[Record] = []
+    for name in SWEEP_TASKS:
+        if name not in args.tasks:
+            continue
+        task = build(name, max(sizes), args.size)
+        fastest = best(records, task=name, system="ours", variant=is_batched)
+        form, scheduler = fastest.variant.split(", batched ")
+        torch_run = peers_torch.Models(task).runners()["hand-batched"] if peers_torch.available() is None and not args.no_torch else None
+        for k in sizes:
+            subset = task.instances[:k]
+            _, r = best_of(lambda: run_ours(task, subset, form, fastest.backend, scheduler), 1, lambda r: r.seconds)
+            out.append(Record(name, "ours", fastest.variant, fastest.backend, k, k / r.seconds, r.seconds, k))
+            if torch_run is not None:
+                torch_run(subset)
+                start = time.perf_counter()
+                torch_run(subset)
+                seconds = time.perf_counter() - start
+                out.append(Record(name, "pytorch", "hand-batched", "torch-cpu", k, k / seconds, seconds, k))
+            print(f"  sweep {name} minibatch {k}: done", flush=True)
+        for autobatch, result in dynet_sweeps.items():
+            for key, rec in result.get("results", {}).items():
+                task_name, strategy = key.split("/")
+                if task_name != name:
+                    continue
+                variant = f"autobatch={autobatch}" if strategy == "autobatch" else strategy
+                for k, seconds in rec["sweep"].items():
+                    out.append(Record(name, "dynet", variant, "dynet-cpu", int(k), int(k) / seconds, seconds, int(k)))
+    return out
+
+
+def plot(points: list[Record], path: str, size: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(p.task for p in points))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
+    for ax, name in zip(axes[0], tasks):
+        lines: dict[str, list[Record]] = {}
+        for p in points:
+            if p.task == name:
+                lines.setdefault(f"{p.system} {p.variant} ({p.backend})", []).append(p)
+        for label, ps in lines.items():
+            ps.sort(key=lambda p: p.batch_size)
+            ax.plot([p.batch_size for p in ps], [p.instances_per_s for p in ps], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("minibatch size")
+        ax.set_ylabel("instances / s (inference)")
+        ax.set_title(f"{name}, size {size}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    print(f"plot written to {path}")
+
+
+# ---------------------------------------------------------------------------------------- main
+def run_dynet(args: argparse.Namespace, count: int, sizes: Sequence[int] = (), tasks: Sequence[str] | None = None) -> dict[int, dict[str, Any]]:
+    why = peers_dynet.available() if not args.no_dynet else "--no-dynet"
+    if why is not None:
+        print(f"dynet skipped: {why}")
+        return {}
+    results = {}
+    for autobatch in (0, 1, 2):
+        start = time.perf_counter()
+        results[autobatch] = peers_dynet.run_subprocess(autobatch, tasks or args.tasks, count, args.size, args.repeats,
+                                                        sizes=sizes)
+        state = results[autobatch].get("error", "ok")
+        print(f"dynet autobatch={autobatch}{' sweep' if sizes else ''}: {state} ({time.perf_counter() - start:.1f} s)",
+              flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="correctness on a few small instances of every task")
+    parser.add_argument("--minibatch", type=int, default=64)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after one warm-up (fastest kept)")
+    parser.add_argument("--one-at-a-time", type=int, default=16,
+                        help="instances timed one at a time (the first ones of the minibatch)")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--plot", help="write a PNG of throughput vs minibatch size (Tree-LSTM, BiLSTM) here")
+    parser.add_argument("--sizes", default="1,4,16,64,256", help="minibatch sizes of the plot")
+    parser.add_argument("--profile", action="store_true", help="cProfile our fastest variant of each task")
+    parser.add_argument("--no-dynet", action="store_true")
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    if args.quick:
+        args.minibatch, args.size, args.repeats, args.one_at_a_time = 3, 32, 0, 3
+        args.plot = args.plot and None
+    started = time.perf_counter()
+    import onnxruntime
+
+    print(f"machine: {os.cpu_count()} CPUs ({cpu_model()}); python {platform.python_version()}; numpy {np.__version__}; "
+          f"onnxruntime {onnxruntime.__version__}; threads {THREADS}")
+    peak = gemm_peak()
+    print(f"numpy float32 GEMM peak (1024^3, same run): {peak:.1f} GFLOP/s")
+    dynet = run_dynet(args, args.minibatch)
+    records, failures = [], []
+    for name in args.tasks:
+        task = build(name, args.minibatch, args.size)
+        rs, fs = measure_task(task, args, dynet, peak)
+        records += rs
+        failures += fs
+    print("\n".join(table(records, peak)))
+    if not args.quick:
+        print("\ntargets (size %d, minibatch %d):" % (args.size, args.minibatch))
+        print("\n".join(verdicts(records)))
+        print("\nwhere the time goes (our fastest batched variant of each task; report.seconds + timers):")
+        for name in args.tasks:
+            fastest = best(records, task=name, system="ours", variant=is_batched)
+            if fastest:
+                print("  " + time_split(fastest))
+        if args.profile:
+            for name in ("treelstm", "bilstm"):
+                fastest = best(records, task=name, system="ours", variant=is_batched)
+                if fastest is None:
+                    continue
+                form, scheduler = fastest.variant.split(", batched ")
+                task = build(name, args.minibatch, args.size)
+                print("\n".join(profile_split(task, form, fastest.backend, scheduler)))
+                if fastest.backend != "numpy":
+                    print("\n".join(profile_split(task, form, "numpy", scheduler)))
+    points: list[Record] = []
+    if args.plot:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        sweep_tasks = [t for t in SWEEP_TASKS if t in args.tasks]
+        dynet_sweeps = run_dynet(args, max(sizes), sizes, sweep_tasks)
+        points = sweep(args, records, dynet_sweeps)
+        plot(points, args.plot, args.size)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "gemm_peak_gflops": peak},
+                       "records": [asdict(r) for r in records], "sweep": [asdict(r) for r in points]}, f, indent=1)
+        print(f"records written to {args.json}")
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    if failures:
+        print(f"{len(failures)} CHECKS FAILED")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

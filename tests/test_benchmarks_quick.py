@@ -1,0 +1,29 @@
+"""``python -m benchmarks --quick``: every task, every system we have here, checked on a few small
+instances (PyTorch and DyNet parts are skipped, with a message, when they are not installed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_benchmarks_quick(tmp_path: Path) -> None:
+    out = tmp_path / "quick.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "CHECK FAILED" not in done.stdout
+    import json
+
+    records = json.loads(out.read_text())["records"]
+    tasks = {r["task"] for r in records}
+    assert tasks == {"treelstm", "bilstm", "chartagger", "parser"}
+    for task in tasks:
+        ours = [r for r in records if r["task"] == task and r["system"] == "ours"]
+        assert len(ours) == 16  # 2 forms x 2 backends x (one at a time + 3 schedulers)
+        assert all(r["check"] == "ok" and r["instances_per_s"] > 0 for r in records if r["task"] == task)
