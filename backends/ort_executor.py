@@ -1,7 +1,8 @@
 """Run an IR graph (usually a batched one) on onnxruntime, as fused segments.
 
 The graph is cut into steps. Compute ops are fused into *segments*: connected runs of ops
-between data-movement ops (the gathers, concats and reshapes the batcher adds). Each segment
+between the data-movement ops that the batcher's rewrite adds (gathers of rows, stacking
+concats; see ``is_data_movement``), so a batched cell's whole body is one session call. Each segment
 becomes one ONNX model whose inputs have no fixed shapes, compiled once into a session and
 cached by its structure (ops, attributes, wiring, input dtypes and ranks; never the batch
 size), so the same segment at another tree level or in the next minibatch reuses it.
@@ -25,11 +26,10 @@ from onnx import helper
 
 from autobatch.backends.interpreter import FeedError, Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
+from autobatch.batcher.rewrite import is_data_movement
 from autobatch.ir import Graph, Node, captured_names
 from autobatch.ir.onnx_io import choose_ir_version
 
-# Ops that only move data: cheaper as NumPy views and takes than as session calls on the CPU.
-MOVEMENT_OPS = frozenset({"Gather", "Concat", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten"})
 
 
 @dataclass
@@ -72,7 +72,7 @@ class OrtExecutor:
         # Subgraph bodies name outer values, which segments rename: such nodes run in NumPy.
         in_numpy = {n.id for n in order
                     if any(True for _ in n.subgraphs())
-                    or (not self.whole and n.op_type in MOVEMENT_OPS and not n.domain)}
+                    or (not self.whole and is_data_movement(n))}
         self.steps: list[Segment | Node] = self._steps(order, in_numpy)
         self.stats = ExecutorStats(
             segments=sum(isinstance(s, Segment) for s in self.steps),

@@ -20,6 +20,14 @@ from autobatch.batcher.rules import Operand, Shape
 from autobatch.batcher.signature import is_shared, sum_of_terms
 from autobatch.ir import Graph, Node, ValueType, captured_names
 
+# The name of the ops the rewrite adds to move rows between batches (gathers, stacking
+# concats, cutting a row out): backends may run these differently from compute ops.
+DATA_MOVEMENT = "autobatch:move"
+
+
+def is_data_movement(node: Node) -> bool:
+    return node.name.startswith(DATA_MOVEMENT)
+
 # Ops whose every run differs: never merged even when their inputs are identical.
 NONDETERMINISTIC = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
@@ -49,10 +57,17 @@ class GraphEmitter:
         return name
 
     def op(self, op_type: str, inputs: Sequence[str], attributes: dict[str, Any] | None = None,
-           n_outputs: int = 1) -> list[str]:
+           n_outputs: int = 1, name: str = "") -> list[str]:
         outputs = [self._fresh("v") for _ in range(n_outputs)]
-        self.out.add_node(op_type, list(inputs), outputs, attributes)
+        self.out.add_node(op_type, list(inputs), outputs, attributes, name=self.node_name(name))
         return outputs
+
+    def node_name(self, prefix: str) -> str:
+        """Node names must be unique in ONNX (onnxruntime refuses repeats)."""
+        if not prefix:
+            return ""
+        self.count += 1
+        return f"{prefix}/{self.count}"
 
 
 class DryEmitter:
@@ -149,7 +164,7 @@ class Rewriter:
         if name in self.rows:
             batched, row, _ = self.rows.pop(name)
             index = self.emit.const(np.array(row, dtype=np.int64))
-            self.out.add_node("Gather", [batched, index], [name], {"axis": 0})
+            self.out.add_node("Gather", [batched, index], [name], {"axis": 0}, name=self.emit.node_name(DATA_MOVEMENT))
             self.stats.gathers += 1
         return name
 
@@ -157,7 +172,7 @@ class Rewriter:
         """Make the value exist under exactly this name (graph outputs, subgraph captures)."""
         actual = self.plain(name)
         if actual != name and name not in self.out.values:
-            self.out.add_node("Identity", [actual], [name])
+            self.out.add_node("Identity", [actual], [name], name=self.emit.node_name(DATA_MOVEMENT))
 
     def stack(self, names: Sequence[str]) -> str:
         """One value ``[N, ...]`` holding these per-instance values in order."""
@@ -193,7 +208,8 @@ class Rewriter:
 
     def _gather(self, batched: str, rows: list[int]) -> str:
         self.stats.gathers += 1
-        return self.emit.op("Gather", [batched, self.emit.const(np.array(rows, dtype=np.int64))], {"axis": 0})[0]
+        index = self.emit.const(np.array(rows, dtype=np.int64))
+        return self.emit.op("Gather", [batched, index], {"axis": 0}, name=DATA_MOVEMENT)[0]
 
     def _stack_mixed(self, names: Sequence[str], sources: list[tuple[str, int, int] | None]) -> str:
         """Rows from several batches and plain values: one gather per batch, one concat, and a
@@ -212,10 +228,11 @@ class Rewriter:
         for position, (name, source) in enumerate(zip(names, sources)):
             if source is None:
                 shape = self.graph.values[name].type.shape
-                pieces.append(self.emit.op("Reshape", [name, self.emit.const(np.array([1, *shape], dtype=np.int64))])[0])
+                row_shape = self.emit.const(np.array([1, *shape], dtype=np.int64))
+                pieces.append(self.emit.op("Reshape", [name, row_shape], name=DATA_MOVEMENT)[0])
                 order.append(position)
         self.stats.gathers += 1
-        joined = self.emit.op("Concat", pieces, {"axis": 0})[0] if len(pieces) > 1 else pieces[0]
+        joined = self.emit.op("Concat", pieces, {"axis": 0}, name=DATA_MOVEMENT)[0] if len(pieces) > 1 else pieces[0]
         if order != list(range(len(names))):
             joined = self._gather(joined, list(np.argsort(order)))
         return joined
