@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autobatch.batcher.signature import Signature, node_signature
+from autobatch.batcher.signature import Signature, node_signature, shared_values
 from autobatch.ir import Graph, Node
 
 UNBATCHABLE = -1
@@ -57,9 +57,10 @@ def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = Non
     class_of: dict[Signature, int] = {}
     vetoed: set[Signature] = set()
     sig = np.full(len(order), UNBATCHABLE, dtype=np.int64)
+    shared = shared_values(graph)
     for i, node_id in enumerate(order):
         node = graph.nodes[node_id]
-        signature = node_signature(graph, node)
+        signature = node_signature(graph, node, shared)
         if signature is None or signature in vetoed:
             continue
         if signature not in class_of and class_check is not None and not class_check(node):
@@ -68,9 +69,11 @@ def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = Non
         sig[i] = class_of.setdefault(signature, len(class_of))
     preds: list[list[int]] = [[] for _ in order]
     succs: list[list[int]] = [[] for _ in order]
-    for u, v in set(graph.nx.edges()):
-        preds[index[v]].append(index[u])
-        succs[index[u]].append(index[v])
+    for v, node_id in enumerate(order):  # dependencies from the value index: no networkx needed
+        for u in sorted({index[source[0]] for source in map(graph.producer_of, graph.reads(graph.nodes[node_id]))
+                         if source is not None}):
+            preds[v].append(u)
+            succs[u].append(v)
     depth = _depths(preds)
     level = _levels(preds, sig, len(class_of))
     return Problem(order, sig, preds, succs, depth, level, list(class_of))

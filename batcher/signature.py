@@ -44,16 +44,25 @@ def sum_of_terms(graph: Graph, node: Node) -> bool:
     return all(name and not is_shared(graph, name) and graph.values[name].type == out_type for name in node.inputs)
 
 
-def node_signature(graph: Graph, node: Node) -> Signature | None:
-    """The node's signature, or None when it cannot be batched (types unknown or not static)."""
-    if sum_of_terms(graph, node):
+def shared_values(graph: Graph) -> set[str]:
+    """Every value ``is_shared`` says yes to, found in one pass (for signing many nodes)."""
+    shared = {name for name, value in graph.values.items()
+              if value.is_shared and not value.literal and graph.consumer_count(name) > 1}
+    shared.update(o for node in graph.nodes.values() if node.instance is None for o in node.outputs if o)
+    return shared
+
+
+def node_signature(graph: Graph, node: Node, shared: set[str] | None = None) -> Signature | None:
+    """The node's signature, or None when it cannot be batched (types unknown or not static).
+    ``shared``: the graph's ``shared_values``, when many nodes are signed."""
+    if node.op_type == "Sum" and sum_of_terms(graph, node):
         out_type = graph.values[node.outputs[0]].type
         return ("", "Sum", node.version, (), (("terms", out_type.elem_type, out_type.shape),), (True,))
     inputs: list[tuple] = []
     for name in node.inputs:
         if not name:
             inputs.append(("missing",))
-        elif is_shared(graph, name):
+        elif name in shared if shared is not None else is_shared(graph, name):
             inputs.append(("shared", name))
         else:
             vtype = graph.values[name].type

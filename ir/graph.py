@@ -138,7 +138,7 @@ class Graph:
 
     def __init__(self, name: str = "graph", opset_imports: Mapping[str, int] | None = None) -> None:
         self.name = name
-        self.nx = nx.MultiDiGraph()
+        self._nx: nx.MultiDiGraph | None = None  # built on first use, then kept in step
         self.nodes: dict[int, Node] = {}
         self.values: dict[str, Value] = {}
         self.inputs: list[str] = []
@@ -193,10 +193,30 @@ class Graph:
         self._insert([node], [output_types if output_types is not None else [None] * len(node.outputs)])
         return node
 
+    @property
+    def nx(self) -> nx.MultiDiGraph:
+        """The dataflow as a networkx ``MultiDiGraph``. Built in bulk on first use (hot paths
+        such as running a batched graph never need it) and kept up to date afterwards."""
+        if self._nx is None:
+            graph = nx.MultiDiGraph()
+            graph.add_nodes_from(self.nodes)
+            graph.add_edges_from(self._edges(self.nodes.values()))
+            self._nx = graph
+        return self._nx
+
+    def _edges(self, nodes: Iterable[Node]) -> Iterator[tuple[int, int, tuple[int, int], dict[str, str]]]:
+        """The edges into these nodes: (producer, consumer, (output index, input index), value)."""
+        for node in nodes:
+            for name, index in self._reads(node):
+                source = self._producer.get(name)
+                if source is not None:
+                    yield source[0], node.id, (source[1], index), {"value": name}
+
     def _insert(self, nodes: Sequence[Node], output_types: Sequence[Sequence[ValueType | None]]) -> None:
-        """Give the nodes ids and add them with their values, then all their edges in one
-        networkx call (a per-edge call costs several times more)."""
+        """Give the nodes ids and add them with their values (and, once networkx has been
+        asked for, their edges in one call: a per-edge call costs several times more)."""
         edges: list[tuple[int, int, tuple[int, int], dict[str, str]]] = []
+        track = self._nx is not None
         for node, types in zip(nodes, output_types):
             node.id = self._next_id
             self._next_id += 1
@@ -206,22 +226,27 @@ class Graph:
                 self._new_value(output, vtype)
                 self._producer[output] = (node.id, index)
                 for reader, input_index in self._consumers.get(output, ()):  # read before defined
-                    edges.append((node.id, reader, (index, input_index), {"value": output}))
                     self._ids_in_order = False
+                    if track:
+                        edges.append((node.id, reader, (index, input_index), {"value": output}))
             self.nodes[node.id] = node
             for name, index in self._reads(node):
                 self._consumers.setdefault(name, []).append((node.id, index))
                 source = self._producer.get(name)
-                if source is not None:
+                if source is not None and source[0] == node.id:
+                    self._ids_in_order = False  # a node reading its own output: a cycle
+                if track and source is not None:
                     edges.append((source[0], node.id, (source[1], index), {"value": name}))
-        self.nx.add_nodes_from(node.id for node in nodes)
-        self.nx.add_edges_from(edges)
+        if track:
+            self._nx.add_nodes_from(node.id for node in nodes)
+            self._nx.add_edges_from(edges)
 
     def remove_nodes(self, node_ids: Iterable[int]) -> None:
         """Remove nodes and the values they produce; consumers of those values must go too."""
         for node_id in list(node_ids):
             node = self.nodes.pop(node_id)
-            self.nx.remove_node(node_id)
+            if self._nx is not None:
+                self._nx.remove_node(node_id)
             for name, _ in self._reads(node):
                 self._consumers[name] = [c for c in self._consumers.get(name, []) if c[0] != node_id]
             for output in node.outputs:
@@ -248,7 +273,8 @@ class Graph:
 
     def _reads(self, node: Node) -> list[tuple[str, int]]:
         reads = [(name, index) for index, name in enumerate(node.inputs) if name]
-        reads.extend((name, CAPTURED) for name in sorted(captured_names(node)))
+        if node.attributes:  # only subgraph attributes capture values
+            reads.extend((name, CAPTURED) for name in sorted(captured_names(node)))
         return reads
 
     # ----------------------------------------------------------------- queries
@@ -256,6 +282,14 @@ class Graph:
         """The node producing ``value`` and the output index, or None for inputs and constants."""
         source = self._producer.get(value)
         return None if source is None else (self.nodes[source[0]], source[1])
+
+    def reads(self, node: Node) -> list[str]:
+        """The values a node reads: its inputs and what its subgraphs capture."""
+        return [name for name, _ in self._reads(node)]
+
+    def producer_of(self, value: str) -> tuple[int, int] | None:
+        """(node id, output index) of the value's producer; None for inputs and constants."""
+        return self._producer.get(value)
 
     def consumer_count(self, value: str) -> int:
         return len(self._consumers.get(value, ()))
@@ -380,7 +414,7 @@ class Graph:
         for name in self.outputs:
             if name not in self.values:
                 raise ValidationError(f"graph output {name!r} is not defined")
-        if not nx.is_directed_acyclic_graph(self.nx):
+        if not self._ids_in_order and not nx.is_directed_acyclic_graph(self.nx):
             raise ValidationError(f"graph {self.name!r} has a cycle: {self._describe_cycle()}")
         if check_types:
             from autobatch.ir.onnx_io import to_onnx
