@@ -20,23 +20,14 @@ pytest.importorskip("uvicorn")
 
 from autobatch import InferenceSession, ops  # noqa: E402
 from autobatch.frontends.tracing import current_batch  # noqa: E402
+from autobatch.examples.ray_serve import MODEL_TEXT  # noqa: E402
 from autobatch.serving import (  # noqa: E402
     BadRequest, Engine, InferenceFailed, ModelRegistry, ProgramRunner, QueueFull, RequestTimeout, SessionRunner,
     ShuttingDown, serve_in_thread,
 )
 
 # One instance: x has a length N of its own, so concurrent requests have different graphs.
-MODEL = onnx.parser.parse_model("""
-<ir_version: 9, opset_import: ["" : 18]>
-tagger (float[N, 4] x, float[4] b) => (float[N, 3] y, float[N] s) <float[4,3] W = {1,2,3,4,5,6,7,8,9,10,11,12}> {
-  one = Constant<value_ints=[1]>()
-  xb = Add(x, b)
-  h = MatMul(xb, W)
-  t = Tanh(h)
-  y = Softmax<axis=-1>(t)
-  s = ReduceSum<keepdims=0>(y, one)
-}
-""")
+MODEL = onnx.parser.parse_model(MODEL_TEXT)
 POISON = 666.0  # an instance whose x holds this fails to execute (and only it)
 MAX_BODY = 64 * 1024
 
