@@ -294,8 +294,8 @@ def table(records: list[Record], peak: float) -> list[str]:
         lines.append(f"\n{name}: minibatch {rs[0].batch_size}; best DyNet autobatch: "
                      f"{dynet.variant + f' {dynet.instances_per_s:.1f}/s' if dynet else 'n/a'}; best hand batching: "
                      f"{f'{hand.system} {hand.variant} {hand.instances_per_s:.1f}/s' if hand else 'n/a'}")
-        lines.append(f"| system | variant | backend | inst/s | vs DyNet best | vs hand | launches / bound | "
-                     f"trace ms | batching ms | exec ms | GFLOP/s | % peak | check |")
+        lines.append("| system | variant | backend | inst/s | vs DyNet best | vs hand | launches / bound | "
+                     "trace ms | batching ms | exec ms | GFLOP/s | % peak | check |")
         lines.append("|" + "---|" * 13)
         for r in rs:
             ratio_d = f"{r.instances_per_s / dynet.instances_per_s:.2f}x" if dynet else "-"

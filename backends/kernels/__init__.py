@@ -11,11 +11,6 @@ missing optional input is ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import numpy as np
-
 from autobatch.backends.kernels.registry import NodeContext, kernel, lookup, registered_kernels
 
 # Importing the kernel modules fills the registry.
