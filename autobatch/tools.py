@@ -61,7 +61,8 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
         for name in names:
             out(f"  {kind:<6} {name}: {_type_text(graph, name)}")
     out("  ops: " + ", ".join(f"{op} x{n}" for op, n in op_counts(graph).most_common()))
-    classes = Counter(node_signature(graph, n) for n in graph.nodes.values())
+    one = as_one_instance(graph)
+    classes = Counter(node_signature(one, n) for n in one.nodes.values())
     out(f"  signature classes in one instance: {len(classes)} ({classes.get(None, 0)} nodes without static shapes)")
     for signature, count in classes.most_common(5):
         out(f"    {count:>5} x {describe(signature)}")
@@ -85,13 +86,21 @@ class RewriteResult:
     max_difference: float | None = None
 
 
+def as_one_instance(graph: Graph) -> Graph:
+    """A copy whose nodes all belong to one instance (so computed values are that instance's
+    data, not values shared across instances) and whose Constant nodes are shared values."""
+    work = Graph.union([graph], rename=lambda _k, name: name)
+    constants_to_initializers(work)
+    return work
+
+
 def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     """Batch the isomorphic nodes inside one graph (parallel branches: K copies of a cell,
     the unrolled per-example loop of an exporter). Inputs and outputs keep their names,
-    order and types."""
-    work = Graph.union([graph], rename=lambda _k, name: name)
-    constants_to_initializers(work)
-    result = BatchingPass(scheduler)(work).graph
+    order and types. A graph that batching would only make larger comes back unchanged."""
+    result = BatchingPass(scheduler)(as_one_instance(graph)).graph
+    if len(result) >= len(graph):
+        return graph
     for name in [*graph.inputs, *graph.outputs]:
         result.values[name].type = graph.values[name].type
     result.name = graph.name
@@ -102,6 +111,8 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
     original = load_model(source)
     graph = from_onnx(original)
     batched = batch_one_graph(graph, scheduler)
+    if batched is graph:
+        out("nothing worth batching: the batched graph would not be smaller; written unchanged")
     model = to_onnx(batched)
     onnx.save(model, target)
     result = RewriteResult(op_counts(graph), op_counts(batched))

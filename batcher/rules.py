@@ -348,3 +348,27 @@ def recurrent(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shap
             split = e.op("Reshape", [name, const(shape[0], -1, batch, shape[2])])[0]
             unmerged.append(e.op("Transpose", [split], {"perm": [1, 0, 2, 3]})[0])
     return unmerged
+
+
+# ----------------------------------------------------------------------------- per-sample ops
+PER_SAMPLE = (
+    "Conv AveragePool MaxPool GlobalAveragePool GlobalMaxPool LpPool LRN InstanceNormalization "
+    "BatchNormalization"
+).split()
+
+
+@rule(*PER_SAMPLE)
+def per_sample(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+    """Ops that treat each sample of their leading (N) axis alone, with shared weights: the
+    instances' samples are merged into that axis, the op runs once, and is split back."""
+    data = ins[0]
+    if data is None or not data.stacked or data.rank < 3 or any(o is not None and o.stacked for o in ins[1:]):
+        return None
+    if len([o for o in node.outputs if o]) != 1:
+        return None  # MaxPool's indices and BatchNormalization's training outputs count across samples
+    if node.op_type == "BatchNormalization" and (node.attr("training_mode", 0) or node.version < 7):
+        return None  # batch statistics would mix the instances
+    merged = e.op("Reshape", [data.name, e.const(np.array([-1, *data.shape[1:]], dtype=np.int64))])[0]
+    result = e.op(node.op_type, [merged] + [o.name if o else "" for o in ins[1:]], node.attributes,
+                  len(node.outputs))[0]
+    return [e.op("Reshape", [result, e.const(np.array([-1, *outs[0]], dtype=np.int64))])[0]]

@@ -174,3 +174,12 @@ def test_rewrite_a_pytorch_export_with_a_python_loop_over_branches(tmp_path: Pat
     before, after = op_counts(from_onnx(source)), op_counts(from_onnx(target))
     assert before["Gemm"] == 8 and after["Gemm"] == 2 and after["Tanh"] == 1 and after["LogSoftmax"] == 1
     assert sum(after.values()) < sum(before.values())
+
+
+def test_rewrite_leaves_a_model_it_cannot_shrink_unchanged(tmp_path: Path):
+    source = Path(onnx.__file__).parent / "backend/test/data/light/light_squeezenet.onnx"
+    target = tmp_path / "same.onnx"
+    result = autobatch_cli("rewrite", str(source), "-o", str(target), "--check")
+    assert result.returncode == 0, result.stderr
+    assert "written unchanged" in result.stdout and "check: outputs equal" in result.stdout
+    assert op_counts(from_onnx(target)) == op_counts(from_onnx(source))
