@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 
 from autobatch.backends import kernels
 from autobatch.backends.reference_ops import ReferenceOps
 from autobatch.ir import Graph, Node, accepts, captured_names
+from autobatch.ir.graph import schema_version
 
 # (inputs, environment for subgraph captures) -> outputs
 NodeImpl = Callable[[list[Any], dict[str, Any]], list[Any]]
@@ -46,11 +46,8 @@ class Interpreter:
     # ----------------------------------------------------------------- preparation
     @staticmethod
     def _kernel(node: Node) -> kernels.registry.KernelFn | None:
-        try:
-            schema = onnx.defs.get_schema(node.op_type, node.version, node.domain)
-        except onnx.defs.SchemaError:
-            return None
-        return kernels.lookup(node.domain, node.op_type, schema.since_version)
+        since = schema_version(node.op_type, node.version, node.domain)
+        return None if since is None else kernels.lookup(node.domain, node.op_type, since)
 
     def _implementation(self, node: Node, reference: ReferenceOps) -> NodeImpl:
         kernel = self._kernel(node)

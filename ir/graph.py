@@ -9,6 +9,7 @@ index ``CAPTURED``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -427,13 +428,11 @@ class Graph:
     def _check_op_known(self, node: Node) -> None:
         if (node.domain, node.op_type) in self.functions:
             return
-        try:
-            onnx.defs.get_schema(node.op_type, node.version, node.domain)
-        except onnx.defs.SchemaError:
+        if schema_version(node.op_type, node.version, node.domain) is None:
             raise ValidationError(
                 f"{node}: unknown op {node.qualified_op} (domain {node.domain or 'ai.onnx'!r}, opset "
                 f"{node.version}); it is neither a standard op nor a function of this model"
-            ) from None
+            )
 
     def _describe_cycle(self) -> str:
         edges = nx.find_cycle(self.nx)
@@ -506,6 +505,16 @@ def _common_constants(graphs: Sequence[Graph]) -> dict[str, np.ndarray]:
 
 def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b))
+
+
+@functools.lru_cache(maxsize=4096)
+def schema_version(op_type: str, opset: int, domain: str) -> int | None:
+    """The ``since_version`` of the op's schema at this opset, or None for an unknown op
+    (cached: the lookup costs microseconds and graphs repeat the same ops)."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain).since_version
+    except onnx.defs.SchemaError:
+        return None
 
 
 def captured_names(node: Node) -> set[str]:
