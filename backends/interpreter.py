@@ -40,7 +40,6 @@ class Interpreter:
         self.order: list[Node] = graph.topological_order()
         reference = ReferenceOps(graph)
         self.impls: list[NodeImpl] = [self._implementation(node, reference) for node in self.order]
-        self.kernel_count = sum(1 for node in self.order if self._kernel(node) is not None)
         self._free_after = self._liveness()
 
     # ----------------------------------------------------------------- preparation

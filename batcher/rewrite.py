@@ -10,7 +10,7 @@ per-instance (unstacked) form of a value, so graph outputs keep their names.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -131,9 +131,6 @@ class RewriteStats:
     gathers: int = 0
     gathers_avoided: int = 0
     merged_duplicates: int = 0
-    fallback_nodes: int = 0
-    batched_ops: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Rewriter:
@@ -260,7 +257,6 @@ class Rewriter:
         summed = self.emit.op("MatMul", [self.emit.const(indicator), flat])[0]
         if shape != (size,):
             summed = self.emit.op("Reshape", [summed, self.emit.const(np.array([len(members), *shape], dtype=np.int64))])[0]
-        self.stats.batched_ops += 1
         for row, member in enumerate(members):
             self.rows[member.outputs[0]] = (summed, row, len(members))
 
@@ -269,7 +265,6 @@ class Rewriter:
             self._sum_terms(members)
             return
         if len(members) == 1 or not batchable:
-            self.stats.fallback_nodes += len(members) if not batchable else 0
             for node in members:
                 self.run_alone(node)
             return
@@ -287,7 +282,6 @@ class Rewriter:
         assert rule is not None, f"{first} was scheduled as batchable without a rule"
         results = rule(self.emit, first, operands(self.graph, first, stacked), output_shapes(self.graph, first))
         assert results is not None, f"rule for {first} changed its mind after its dry run"
-        self.stats.batched_ops += 1
         n = len(members)
         for k, output in enumerate(first.outputs):
             if output:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from onnx import AttributeProto
+from onnx import AttributeProto, helper
 
 from autobatch.ir import Graph, Node
 
@@ -109,17 +109,11 @@ def describe(signature: Signature | None) -> str:
     domain, op_type, version, attributes, inputs, _ = signature
     parts = []
     for entry in inputs:
-        if entry[0] == "data":
-            parts.append(f"{np.dtype(_np_dtype(entry[1]))}{list(entry[2])}")
+        if entry[0] in ("data", "terms"):
+            parts.append(f"{helper.tensor_dtype_to_np_dtype(entry[1])}{list(entry[2])}")
         elif entry[0] == "shared":
             parts.append(f"shared:{entry[1]}")
         else:
             parts.append("-")
     op = f"{domain}::{op_type}" if domain else op_type
     return f"{op}-{version}({', '.join(parts)})" + (f" {len(attributes)} attrs" if attributes else "")
-
-
-def _np_dtype(elem_type: int) -> np.dtype:
-    from onnx import helper
-
-    return helper.tensor_dtype_to_np_dtype(elem_type)
