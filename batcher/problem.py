@@ -67,41 +67,54 @@ def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = Non
             vetoed.add(signature)
             continue
         sig[i] = class_of.setdefault(signature, len(class_of))
-    preds: list[list[int]] = [[] for _ in order]
-    succs: list[list[int]] = [[] for _ in order]
-    for v, node_id in enumerate(order):  # dependencies from the value index: no networkx needed
-        for u in sorted({index[source[0]] for source in map(graph.producer_of, graph.reads(graph.nodes[node_id]))
-                         if source is not None}):
-            preds[v].append(u)
+    preds = [  # dependencies from the value index: no networkx needed
+        sorted({index[source[0]] for source in map(graph.producer_of, graph.reads(graph.nodes[node_id]))
+                if source is not None})
+        for node_id in order
+    ]
+    return problem_from(order, sig, preds, list(class_of))
+
+
+def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], classes: list[Signature]) -> Problem:
+    """The problem of nodes given in topological order with their classes and predecessors."""
+    succs: list[list[int]] = [[] for _ in node_ids]
+    for v, ps in enumerate(preds):
+        for u in ps:
             succs[u].append(v)
     depth = _depths(preds)
-    level = _levels(preds, sig, len(class_of))
-    return Problem(order, sig, preds, succs, depth, level, list(class_of))
+    return Problem(node_ids, sig, preds, succs, depth, _levels(preds, sig, len(classes), depth), classes)
 
 
 def _depths(preds: list[list[int]]) -> np.ndarray:
-    depth = np.zeros(len(preds), dtype=np.int64)
-    for i, ps in enumerate(preds):  # nodes are in topological order
-        if ps:
-            depth[i] = max(depth[p] for p in ps) + 1
-    return depth
+    depth: list[int] = []
+    for ps in preds:  # nodes are in topological order
+        depth.append(max([depth[p] for p in ps]) + 1 if ps else 0)
+    return np.array(depth, dtype=np.int64)
 
 
-def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int) -> np.ndarray:
-    """Per node, the most nodes of its class on a path ending at it: a DP over the topological
-    order carrying, per node, the vector of per-class path maxima (vectorised over classes)."""
+def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.ndarray) -> np.ndarray:
+    """Per node, the most nodes of its class on a path ending at it: a DP carrying, per node,
+    the vector of per-class path maxima, run one topological generation at a time (every
+    predecessor of a generation lies in an earlier one), vectorised over its nodes."""
     n = len(preds)
-    level = np.zeros(n, dtype=np.int64)
-    if n_classes == 0:
-        return level
+    if n_classes == 0 or n == 0:
+        return np.zeros(n, dtype=np.int64)
     best = np.zeros((n, n_classes), dtype=np.int32)
-    for i, ps in enumerate(preds):
-        if ps:
-            row = best[ps].max(axis=0) if len(ps) > 1 else best[ps[0]].copy()
-        else:
-            row = np.zeros(n_classes, dtype=np.int32)
-        if sig[i] != UNBATCHABLE:
-            row[sig[i]] += 1
-            level[i] = row[sig[i]]
-        best[i] = row
+    src = np.fromiter((p for ps in preds for p in ps), dtype=np.int64)
+    dst = np.repeat(np.arange(n), [len(ps) for ps in preds])
+    by_dst_depth = np.argsort(depth[dst], kind="stable")
+    src, dst = src[by_dst_depth], dst[by_dst_depth]
+    edge_bounds = np.searchsorted(depth[dst], np.arange(int(depth.max()) + 2))
+    nodes = np.argsort(depth, kind="stable")
+    node_bounds = np.searchsorted(depth[nodes], np.arange(int(depth.max()) + 2))
+    batchable = sig != UNBATCHABLE
+    for g in range(int(depth.max()) + 1):
+        lo, hi = edge_bounds[g], edge_bounds[g + 1]
+        if hi > lo:
+            np.maximum.at(best, dst[lo:hi], best[src[lo:hi]])
+        members = nodes[node_bounds[g]:node_bounds[g + 1]]
+        members = members[batchable[members]]
+        best[members, sig[members]] += 1
+    level = np.zeros(n, dtype=np.int64)
+    level[batchable] = best[np.flatnonzero(batchable), sig[batchable]]
     return level

@@ -8,6 +8,7 @@ left out of a hashed signature).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -73,10 +74,15 @@ def node_signature(graph: Graph, node: Node, shared: set[str] | None = None) -> 
         vtype = graph.values[name].type if name else None
         if name and (vtype is None or not vtype.is_tensor or not vtype.is_static):
             return None
-    attributes = tuple(sorted((name, _hashable(proto)) for name, proto in node.attributes.items()))
+    attributes = attributes_key(node.attributes)
     # Which optional outputs are wanted, not just how many: a batch produces the representative's.
     outputs = tuple(bool(name) for name in node.outputs)
     return (node.domain, node.op_type, node.version, attributes, tuple(inputs), outputs)
+
+
+def attributes_key(attributes: Mapping[str, AttributeProto]) -> tuple:
+    """Every attribute, as a hashable and comparable tuple."""
+    return tuple(sorted((name, _hashable(proto)) for name, proto in attributes.items()))
 
 
 def _hashable(proto: AttributeProto) -> Any:

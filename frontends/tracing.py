@@ -176,14 +176,19 @@ class Batch:
     """
 
     def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
-                 providers: Sequence[str] | None = None) -> None:
+                 providers: Sequence[str] | None = None, flat: bool = True) -> None:
+        """``flat``: plan straight from the trace records where the batch allows (the fast
+        path, ``autobatch.batcher.flat``; not on CUDA, where the batched graph keeps values on
+        the device); False always builds the IR graph and rewrites it."""
         from autobatch.batcher import get_scheduler
-        from autobatch.session import make_runner_factory
+        from autobatch.session import flat_executor, make_runner_factory
 
         get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         self.backend = backend
         self.scheduler = scheduler
         self._make_runner = make_runner_factory(backend, threads, providers)
+        self._flat = flat_executor(backend, threads, providers) if flat else None
+        self.general_path_reason: str | None = None  # why the last run did not take the flat path
         self._records: list[_Record] = []
         self._pending: list[weakref.ref[Tensor]] = []  # outputs of records, alive while someone holds them
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
@@ -194,7 +199,7 @@ class Batch:
         self._names = itertools.count()
         self._instance = 0
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
-        self.last_plan: Any = None  # the PassResult (batched graph and report) of the last run
+        self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
 
     # ------------------------------------------------------------------ context
@@ -294,7 +299,8 @@ class Batch:
 
     def graph_of(self, tensors: Sequence[Tensor]) -> Graph:
         """The IR graph that computing these pending tensors would batch (nothing runs)."""
-        return self._graph([t.name for t in tensors])
+        names = [t.name for t in tensors]
+        return self._graph(*self.records_for(names), names)
 
     def discard(self) -> None:
         """Forget everything pending without running it."""
@@ -309,21 +315,46 @@ class Batch:
         if not wanted:
             self.discard()
             return
+        names = [t.name for t in wanted]
         with gc_paused():
-            graph = self._graph([t.name for t in wanted])
-            from autobatch.batcher import BatchingPass
-
-            result = BatchingPass(self.scheduler, as_rows=True)(graph)
-            self.reports.append(result.report)
-            self.last_plan = result
-            runner = self._make_runner(result.graph)
-            names = list(result.graph.outputs)
-            values = dict(zip(names, runner.run({}, names)))
-        for tensor in wanted:
-            source, row = result.locations[tensor.name]
-            value = values[source]
-            tensor.value = value if row is None else value[row, ...]  # a view (0-d for scalars)
+            records, needed = self.records_for(names)
+            values = self._run_flat(records, names) if self._flat is not None else None
+            if values is None:
+                values = self._run_graph(records, needed, names)
+        for tensor, value in zip(wanted, values):
+            tensor.value = value
         self.discard()
+
+    def _run_flat(self, records: list[_Record], names: list[str]) -> list[np.ndarray] | None:
+        """Values of ``names`` by the flat path, or None (and the reason kept) where it does
+        not apply."""
+        from autobatch.batcher.flat import NotFlat, plan_records
+
+        try:
+            plan = plan_records(records, names, self._weights, self._literals, self.functions, self._opsets(),
+                                self.scheduler)
+        except NotFlat as why:
+            self.general_path_reason = str(why)
+            return None
+        self.general_path_reason = None
+        self.reports.append(plan.report)
+        self.last_plan = plan
+        arenas = self._flat.run(plan, self._weights)
+        return [arenas[arena][row] for arena, row in map(plan.locations.__getitem__, names)]  # views
+
+    def _run_graph(self, records: list[_Record], needed: set[str], names: list[str]) -> list[np.ndarray]:
+        from autobatch.batcher import BatchingPass
+
+        result = BatchingPass(self.scheduler, as_rows=True)(self._graph(records, needed, names))
+        self.reports.append(result.report)
+        self.last_plan = result
+        outputs = list(result.graph.outputs)
+        values = dict(zip(outputs, self._make_runner(result.graph).run({}, outputs)))
+        located = (result.locations[name] for name in names)
+        return [values[source] if row is None else values[source][row, ...] for source, row in located]  # views
+
+    def _opsets(self) -> dict[str, int]:
+        return {**OPSET, **{domain: 1 for domain, _ in self.functions}}
 
     def records_for(self, wanted: Sequence[str]) -> tuple[list[_Record], set[str]]:
         """The records that lead to ``wanted`` (in trace order), and every value they read."""
@@ -336,13 +367,10 @@ class Batch:
         records.reverse()
         return records, needed
 
-    def _graph(self, wanted: list[str]) -> Graph:
-        """The IR graph of the records that lead to ``wanted``, built in bulk."""
-        records, needed = self.records_for(wanted)
-        graph = Graph("batch", OPSET)
+    def _graph(self, records: list[_Record], needed: set[str], wanted: list[str]) -> Graph:
+        """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk."""
+        graph = Graph("batch", self._opsets())
         graph.functions = dict(self.functions)
-        for domain, _ in self.functions:
-            graph.opset_imports.setdefault(domain, 1)
         for name in sorted(needed & self._weights.keys()):
             graph.add_initializer(name, self._weights[name])
         for name in sorted(needed & self._literals.keys()):

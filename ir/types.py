@@ -22,7 +22,7 @@ class ValueType:
     value is not a tensor).
     """
 
-    __slots__ = ("proto", "elem_type", "shape", "is_tensor", "is_static")
+    __slots__ = ("proto", "elem_type", "shape", "is_tensor", "is_static", "_hash")
 
     def __init__(self, proto: TypeProto) -> None:
         self.proto = proto
@@ -35,6 +35,7 @@ class ValueType:
             if tensor.HasField("shape"):
                 self.shape = tuple(_dim(d) for d in tensor.shape.dim)
         self.is_static = self.shape is not None and all(isinstance(d, int) for d in self.shape)
+        self._hash = hash((self.elem_type, self.shape))  # types key signatures: hashed very often
 
     @classmethod
     def tensor(cls, elem_type: int | np.dtype | type, shape: Sequence[Dim] | None) -> ValueType:
@@ -50,10 +51,10 @@ class ValueType:
         return helper.tensor_dtype_to_np_dtype(self.elem_type)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ValueType) and self.proto == other.proto
+        return self is other or (isinstance(other, ValueType) and self.proto == other.proto)
 
     def __hash__(self) -> int:
-        return hash((self.elem_type, self.shape))
+        return self._hash
 
     def __repr__(self) -> str:
         if not self.is_tensor:

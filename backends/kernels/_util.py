@@ -50,7 +50,14 @@ def accumulator_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Logistic function in x's dtype without overflow: exp(-|x|) <= 1."""
+    """Logistic function in x's dtype. float32/64: 1 / (1 + exp(-x)) in place in one buffer
+    (exp(-x) may overflow to inf, giving the right limit 0); other types from exp(-|x|) <= 1."""
+    if x.dtype in (np.float32, np.float64) and x.ndim:
+        y = np.negative(x)
+        with np.errstate(over="ignore"):
+            np.exp(y, out=y)
+        y += 1
+        return np.reciprocal(y, out=y)
     e = np.exp(-np.abs(x))
     r = 1 / (1 + e)
     return np.where(x >= 0, r, e * r)

@@ -1,0 +1,377 @@
+"""Batching straight from trace records to a flat plan: the fast path of traced batches.
+
+The general path builds an IR graph of every instance, signs its nodes, schedules them and
+rewrites the schedule into a batched IR graph that a backend prepares and runs: several
+Python objects and steps per traced op, most of the time of a traced batch. Here each record
+is signed with a cheap key, scheduled by the same schedulers, and each signature class is
+batched by its rule ONCE into a small *template* graph over a symbolic batch size ``N``, kept
+across batches. The plan is a list of steps: the arena rows each stacked operand reads (a
+view when contiguous, else one gather), the template to run, and the rows its outputs fill.
+
+Arenas: every per-instance value of one (dtype, shape) lives in one array, a row a value.
+Gathering the children of Tree-LSTM nodes made by many earlier steps is then one ``take``,
+not a gather per source batch plus a concat.
+
+A batch this path does not cover raises ``NotFlat`` naming why (an op without a rule, a
+nondeterministic op, a type that is not static, a subgraph attribute), and the caller takes
+the general path, which handles everything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from onnx import AttributeProto, helper
+
+from autobatch.batcher.batching_pass import BatchReport
+from autobatch.batcher.functions import Functions, rule_for
+from autobatch.batcher.problem import problem_from
+from autobatch.batcher.rewrite import MIN_STACKING_OPSET, NONDETERMINISTIC, GraphEmitter
+from autobatch.batcher.rules import Operand
+from autobatch.batcher.schedulers import get_scheduler
+from autobatch.batcher.signature import attributes_key
+from autobatch.ir import Graph, Node, ValueType
+
+# A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
+# where rules may read it; larger ones (weights) are template inputs, fed at run time.
+BAKED_SIZE = 64
+TEMPLATE_CACHE_SIZE = 4096
+SUM_OF_TERMS = "sum of terms"
+MISSING = ("missing",)
+
+
+class NotFlat(Exception):
+    """The batch needs the general path; the message says why."""
+
+
+class TraceRecord(Protocol):
+    """What planning reads of one traced op."""
+
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, AttributeProto]
+    types: list[ValueType]
+
+
+Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)
+
+
+@dataclass(eq=False)
+class Template:
+    """One signature class batched by its rule. Inputs: ``x{i}`` for stacked operand i
+    (``[N, *shape]``), ``w{i}`` for a shared operand fed as it is. Outputs ``[N, *shape]``,
+    or a single value when ``once`` (every operand shared: the members are duplicates)."""
+
+    graph: Graph
+    stacked: list[int]
+    fed: list[int]
+    once: bool
+    keep_alive: Any = None  # the function proto whose id is part of the cache key
+    runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.graph.outputs
+
+
+@dataclass
+class Step:
+    """One launch. ``template`` None: a sum of terms, ``offsets`` where each member's start."""
+
+    template: Template | None
+    size: int
+    reads: list[tuple[int, slice | np.ndarray]]  # per stacked operand: arena, rows
+    weights: list[str]  # per fed operand: the shared value's name
+    writes: list[tuple[int, int]]  # per output: arena, first row
+    offsets: np.ndarray | None = None
+
+
+@dataclass
+class FlatPlan:
+    kinds: list[Kind]
+    rows: list[int]  # rows of each arena
+    literals: list[list[np.ndarray]]  # per arena: the data placed in its first rows
+    steps: list[Step]
+    locations: dict[str, tuple[int, int]]  # wanted value -> (arena, row)
+    report: BatchReport
+
+
+_templates: dict[tuple, Template | None | str] = {}
+_PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
+
+
+def clear_templates() -> None:
+    _templates.clear()
+
+
+def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], weights: Mapping[str, np.ndarray],
+                 literals: Mapping[str, np.ndarray], functions: Functions, opsets: Mapping[str, int],
+                 scheduler: str) -> FlatPlan:
+    """The plan computing ``wanted`` from ``records`` (in trace order). ``weights`` are shared
+    by every instance; ``literals`` are data of one instance."""
+    if opsets.get("", 1) < MIN_STACKING_OPSET:
+        raise NotFlat(f"opset {opsets.get('', 1)} has no Reshape with a shape input")
+    start = time.perf_counter()
+    planner = _Planner(weights, literals, functions, opsets)
+    problem = planner.sign(records)
+    analysed = time.perf_counter()
+    schedule = get_scheduler(scheduler)(problem)
+    scheduled = time.perf_counter()
+    steps = [planner.step([records[i] for i in group], int(problem.sig[group[0]])) for group in schedule]
+    locations = {name: planner.location[name] for name in wanted}
+    done = time.perf_counter()
+    reads = [rows for step in steps for _, rows in step.reads]
+    gathers = sum(not isinstance(rows, slice) for rows in reads)
+    merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
+    report = BatchReport(scheduler, problem.size, len(schedule), problem.lower_bound(), 0, gathers,
+                         len(reads) - gathers, merged,
+                         {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled})
+    return FlatPlan(list(planner.kinds), planner.rows, planner.literal_rows, steps, locations, report)
+
+
+class _Planner:
+    def __init__(self, weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray],
+                 functions: Functions, opsets: Mapping[str, int]) -> None:
+        self.weights = weights
+        self.literals = literals
+        self.functions = functions
+        self.opsets = opsets
+        self.kinds: dict[Kind, int] = {}
+        self.rows: list[int] = []
+        self.literal_rows: list[list[np.ndarray]] = []
+        self.location: dict[str, tuple[int, int]] = {}  # per-instance value -> (arena, row)
+        self.types: dict[str, ValueType] = {}  # per-instance value -> its type
+        self.classes: list[tuple] = []
+        self.templates: list[Template | str | None] = []  # per class; None for sums of terms
+        self.representatives: list[TraceRecord] = []
+
+    # ------------------------------------------------------------------ signing
+    def sign(self, records: Sequence[TraceRecord]) -> Any:
+        class_of: dict[tuple, int] = {}
+        attribute_keys: dict[int, tuple] = {}  # id of an attributes dict (alive in the records) -> key
+        producer: dict[str, int] = {}
+        # What an input contributes to a signature: a shared value its name, a per-instance
+        # value its type, a missing one MISSING (literals are added when first read).
+        entry_of: dict[str, str | ValueType | tuple] = dict(zip(self.weights, self.weights))
+        entry_of[""] = MISSING
+        self._place_literals(entry_of)
+        sig = np.empty(len(records), dtype=np.int64)
+        preds: list[list[int]] = []
+        for i, record in enumerate(records):
+            if record.op_type in NONDETERMINISTIC and not record.domain:
+                raise NotFlat(f"{record.op_type} differs on every run; it runs alone")
+            try:
+                entries = tuple(map(entry_of.__getitem__, record.inputs))
+            except KeyError as unknown:
+                raise NotFlat(f"value {unknown} is read but neither traced, shared nor given") from None
+            key = self._sum_key(record, entries)
+            if key is None:
+                attributes = attribute_keys.get(id(record.attributes))
+                if attributes is None:
+                    attributes = attribute_keys[id(record.attributes)] = attributes_key(record.attributes)
+                key = (record.domain, record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
+            cls = class_of.get(key)
+            if cls is None:
+                cls = class_of[key] = self._new_class(key, record)
+            sig[i] = cls
+            sources = {producer[name] for name in record.inputs if name in producer}
+            preds.append(sorted(sources) if len(sources) > 1 else list(sources))
+            for name, vtype in zip(record.outputs, record.types):
+                if name:
+                    if not vtype.is_static or not vtype.is_tensor:
+                        raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
+                    producer[name] = i
+                    self.types[name] = entry_of[name] = vtype
+        return problem_from(list(range(len(records))), sig, preds, self.classes)
+
+    def _place_literals(self, entry_of: dict[str, Any]) -> None:
+        """Every literal: its type (its signature entry) and a row of its arena."""
+        kinds: dict[tuple[np.dtype, tuple[int, ...]], tuple[ValueType, int]] = {}
+        for name, array in self.literals.items():
+            known = kinds.get((array.dtype, array.shape))
+            if known is None:
+                vtype = ValueType.tensor(array.dtype, array.shape)
+                known = kinds[array.dtype, array.shape] = (vtype, self.arena((vtype.elem_type, array.shape)))
+            vtype, arena = known
+            self.types[name] = entry_of[name] = vtype
+            self.location[name] = (arena, self.rows[arena])
+            self.rows[arena] += 1
+            self.literal_rows[arena].append(array)
+
+    @staticmethod
+    def _sum_key(record: TraceRecord, entries: tuple) -> tuple | None:
+        """Sums of per-instance float terms of one type batch whatever their number of terms."""
+        if record.op_type != "Sum" or record.domain or len(entries) < 2:
+            return None
+        out = record.types[0]
+        if out.dtype is None or out.dtype.kind != "f" or not all(e == out for e in entries):
+            return None
+        return ("", "Sum", SUM_OF_TERMS, out)
+
+    def arena(self, kind: Kind) -> int:
+        index = self.kinds.get(kind)
+        if index is None:
+            index = self.kinds[kind] = len(self.rows)
+            self.rows.append(0)
+            self.literal_rows.append([])
+        return index
+
+    def _new_class(self, key: tuple, record: TraceRecord) -> int:
+        self.classes.append(key)
+        self.representatives.append(record)
+        self.templates.append(None if key[2] == SUM_OF_TERMS else self._template(record, None))
+        return len(self.classes) - 1
+
+    # ------------------------------------------------------------------ templates
+    def _template(self, record: TraceRecord, size: int | None) -> Template | str:
+        """The class's template from the cache, built on a miss. ``size`` is asked for only
+        once a rule has shown that it reads N."""
+        specs, baked = self._operand_specs(record)
+        function = self.functions.get((record.domain, record.op_type)) if record.domain else None
+        version = self.opsets.get(record.domain, 1)
+        key = (record.domain, record.op_type, version, attributes_key(record.attributes), id(function), specs,
+               tuple(map(bool, record.outputs)))
+        cached = _templates.get(key)
+        if cached == _PER_SIZE:
+            if size is None:
+                return _PER_SIZE  # resolved per step
+            key = key + (size,)
+            cached = _templates.get(key)
+        if cached is not None:
+            return cached
+        if key in _templates:
+            raise NotFlat(f"no batching rule takes {record.op_type} here")
+        node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
+                    list(record.outputs), 0, "")
+        built, reads_size = _build_template(node, specs, baked, [t.shape for t in record.types],
+                                            self.functions, self.opsets, size or 2)
+        if len(_templates) >= TEMPLATE_CACHE_SIZE:
+            _templates.clear()
+        if reads_size and size is None:
+            _templates[key] = _PER_SIZE
+            return _PER_SIZE
+        if built is not None:
+            built.keep_alive = function
+        _templates[key] = built
+        if built is None:
+            raise NotFlat(f"no batching rule takes {record.op_type} with inputs {specs}")
+        return built
+
+    def _operand_specs(self, record: TraceRecord) -> tuple[tuple, dict[int, np.ndarray]]:
+        specs: list[tuple | None] = []
+        baked: dict[int, np.ndarray] = {}
+        for i, name in enumerate(record.inputs):
+            vtype = self.types.get(name)
+            if not name:
+                specs.append(None)
+                continue
+            if vtype is not None:
+                specs.append(("x", vtype.elem_type, vtype.shape))
+                continue
+            array = np.asarray(self.weights[name])
+            if array.size <= BAKED_SIZE:
+                specs.append(("k", array.dtype.str, array.shape, array.tobytes()))
+                baked[i] = array
+            else:
+                specs.append(("w", array.dtype.str, array.shape))
+        return tuple(specs), baked
+
+    # ------------------------------------------------------------------ steps
+    def step(self, members: list[TraceRecord], cls: int) -> Step:
+        first = members[0]
+        template = self.templates[cls]
+        if template is None:  # a sum of terms
+            terms = [name for member in members for name in member.inputs]
+            offsets = np.cumsum([0] + [len(m.inputs) for m in members[:-1]], dtype=np.intp)
+            return Step(None, len(members), [self._rows(terms)], [], self._write(members, 0, False), offsets)
+        if isinstance(template, str):  # _PER_SIZE
+            template = self._template(first, len(members))
+            assert isinstance(template, Template)
+        reads = [self._rows([member.inputs[i] for member in members]) for i in template.stacked]
+        writes = [w for k, name in enumerate(first.outputs) if name
+                  for w in self._write(members, k, template.once)]
+        return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
+
+    def _rows(self, names: Iterable[str]) -> tuple[int, slice | np.ndarray]:
+        location = self.location
+        places = [location[name] for name in names]
+        arena, first = places[0]
+        rows = [row for _, row in places]
+        if rows == list(range(first, first + len(rows))):
+            return arena, slice(first, first + len(rows))
+        return arena, np.array(rows, dtype=np.intp)
+
+    def _write(self, members: list[TraceRecord], k: int, once: bool) -> list[tuple[int, int]]:
+        vtype = self.types[members[0].outputs[k]]
+        arena = self.arena((vtype.elem_type, vtype.shape))
+        start = self.rows[arena]
+        self.rows[arena] += 1 if once else len(members)
+        for j, member in enumerate(members):
+            self.location[member.outputs[k]] = (arena, start if once else start + j)
+        return [(arena, start)]
+
+
+class _SizeWatchingEmitter(GraphEmitter):
+    """Notes whether a rule read the batch size (then its template holds for that N only)."""
+
+    def __init__(self, out: Graph, size: int) -> None:
+        super().__init__(out)
+        self._size = size
+        self.read_size = False
+
+    @property  # type: ignore[override]
+    def batch_size(self) -> int:
+        self.read_size = True
+        return self._size
+
+    @batch_size.setter
+    def batch_size(self, size: int) -> None:
+        self._size = size
+
+
+def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_shapes: list[tuple],
+                    functions: Functions, opsets: Mapping[str, int], size: int) -> tuple[Template | None, bool]:
+    """(template or None when no rule takes the class, whether the rule read N)."""
+    graph = Graph(f"template_{node.op_type}", opsets)
+    graph.functions = dict(functions)
+    operands: list[Operand | None] = []
+    for i, spec in enumerate(specs):
+        if spec is None:
+            operands.append(None)
+        elif spec[0] == "x":
+            graph.add_input(f"x{i}", ValueType.tensor(spec[1], ["N", *spec[2]]))
+            operands.append(Operand(f"x{i}", True, spec[2]))
+        elif spec[0] == "w":
+            graph.add_input(f"w{i}", ValueType.tensor(np.dtype(spec[1]), spec[2]))
+            operands.append(Operand(f"w{i}", False, spec[2]))
+        else:
+            graph.add_initializer(f"k{i}", baked[i])
+            operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
+    stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
+    emit = _SizeWatchingEmitter(graph, size)
+    results: list[str] | None
+    if not stacked:  # duplicates: the op once, on the shared operands
+        results = [f"y{k}" if name else "" for k, name in enumerate(node.outputs)]
+        graph.add_node(node.op_type, [o.name if o else "" for o in operands], results, node.attributes,
+                       domain=node.domain, version=node.version)
+    else:
+        rule = rule_for(node, functions)
+        try:
+            results = None if rule is None else rule(emit, node, operands, out_shapes)
+        except (ValueError, TypeError, IndexError, KeyError, AssertionError):
+            results = None
+        if results is None:
+            return None, emit.read_size
+    for k, name in enumerate(results):
+        if node.outputs[k]:
+            if name in graph.inputs or name in graph.outputs or graph.values[name].const is not None:
+                name = emit.op("Identity", [name])[0]  # an output must be a value of its own
+            graph.add_output(name)
+    fed = [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"]
+    return Template(graph, stacked, fed, once=not stacked), emit.read_size
