@@ -146,52 +146,52 @@ class _Planner:
         self.rows: list[int] = []
         self.literal_rows: list[list[np.ndarray]] = []
         self.location: dict[str, tuple[int, int]] = {}  # per-instance value -> (arena, row)
-        self.types: dict[str, ValueType] = {}  # per-instance value -> its type
+        # What an input contributes to a signature: a shared value its name, a per-instance
+        # value its type (literals first, then outputs as records are signed), "" MISSING.
+        self.entry_of: dict[str, str | ValueType | tuple] = dict(zip(weights, weights))
+        self.entry_of[""] = MISSING
+        self._place_literals()
         self.classes: list[tuple] = []
         self.templates: list[Template | str | None] = []  # per class; None for sums of terms
-        self.representatives: list[TraceRecord] = []
 
     # ------------------------------------------------------------------ signing
     def sign(self, records: Sequence[TraceRecord]) -> Any:
         class_of: dict[tuple, int] = {}
         attribute_keys: dict[int, tuple] = {}  # id of an attributes dict (alive in the records) -> key
         producer: dict[str, int] = {}
-        # What an input contributes to a signature: a shared value its name, a per-instance
-        # value its type, a missing one MISSING (literals are added when first read).
-        entry_of: dict[str, str | ValueType | tuple] = dict(zip(self.weights, self.weights))
-        entry_of[""] = MISSING
-        self._place_literals(entry_of)
+        entry_of = self.entry_of
         sig = np.empty(len(records), dtype=np.int64)
         preds: list[list[int]] = []
         for i, record in enumerate(records):
-            if record.op_type in NONDETERMINISTIC and not record.domain:
-                raise NotFlat(f"{record.op_type} differs on every run; it runs alone")
+            inputs, outputs = record.inputs, record.outputs
             try:
-                entries = tuple(map(entry_of.__getitem__, record.inputs))
+                entries = tuple(map(entry_of.__getitem__, inputs))
             except KeyError as unknown:
                 raise NotFlat(f"value {unknown} is read but neither traced, shared nor given") from None
-            key = self._sum_key(record, entries)
+            key = self._sum_key(record, entries) if record.op_type == "Sum" else None
             if key is None:
                 attributes = attribute_keys.get(id(record.attributes))
                 if attributes is None:
                     attributes = attribute_keys[id(record.attributes)] = attributes_key(record.attributes)
-                key = (record.domain, record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
+                wanted = tuple(map(bool, outputs)) if "" in outputs else len(outputs)
+                key = (record.domain, record.op_type, attributes, entries, wanted)
             cls = class_of.get(key)
             if cls is None:
                 cls = class_of[key] = self._new_class(key, record)
             sig[i] = cls
-            sources = {producer[name] for name in record.inputs if name in producer}
-            preds.append(sorted(sources) if len(sources) > 1 else list(sources))
-            for name, vtype in zip(record.outputs, record.types):
-                if name:
-                    if not vtype.is_static or not vtype.is_tensor:
-                        raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
-                    producer[name] = i
-                    self.types[name] = entry_of[name] = vtype
+            sources = set(map(producer.get, inputs))
+            sources.discard(None)
+            preds.append(sorted(sources) if len(sources) > 1 else list(sources))  # type: ignore[arg-type]
+            producer.update(dict.fromkeys(outputs, i))
+            entry_of.update(zip(outputs, record.types))
+            if "" in outputs:  # an optional output not wanted: "" stays MISSING
+                producer.pop("", None)
+                entry_of[""] = MISSING
         return problem_from(list(range(len(records))), sig, preds, self.classes)
 
-    def _place_literals(self, entry_of: dict[str, Any]) -> None:
+    def _place_literals(self) -> None:
         """Every literal: its type (its signature entry) and a row of its arena."""
+        entry_of = self.entry_of
         kinds: dict[tuple[np.dtype, tuple[int, ...]], tuple[ValueType, int]] = {}
         for name, array in self.literals.items():
             known = kinds.get((array.dtype, array.shape))
@@ -199,7 +199,7 @@ class _Planner:
                 vtype = ValueType.tensor(array.dtype, array.shape)
                 known = kinds[array.dtype, array.shape] = (vtype, self.arena((vtype.elem_type, array.shape)))
             vtype, arena = known
-            self.types[name] = entry_of[name] = vtype
+            entry_of[name] = vtype
             self.location[name] = (arena, self.rows[arena])
             self.rows[arena] += 1
             self.literal_rows[arena].append(array)
@@ -223,8 +223,12 @@ class _Planner:
         return index
 
     def _new_class(self, key: tuple, record: TraceRecord) -> int:
+        if record.op_type in NONDETERMINISTIC and not record.domain:
+            raise NotFlat(f"{record.op_type} differs on every run; it runs alone")
+        for name, vtype in zip(record.outputs, record.types):  # a class's members have its types
+            if name and (not vtype.is_tensor or not vtype.is_static):
+                raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
         self.classes.append(key)
-        self.representatives.append(record)
         self.templates.append(None if key[2] == SUM_OF_TERMS else self._template(record, None))
         return len(self.classes) - 1
 
@@ -267,11 +271,11 @@ class _Planner:
         specs: list[tuple | None] = []
         baked: dict[int, np.ndarray] = {}
         for i, name in enumerate(record.inputs):
-            vtype = self.types.get(name)
+            vtype = self.entry_of.get(name)
             if not name:
                 specs.append(None)
                 continue
-            if vtype is not None:
+            if isinstance(vtype, ValueType):
                 specs.append(("x", vtype.elem_type, vtype.shape))
                 continue
             array = np.asarray(self.weights[name])
@@ -308,7 +312,7 @@ class _Planner:
         return arena, np.array(rows, dtype=np.intp)
 
     def _write(self, members: list[TraceRecord], k: int, once: bool) -> list[tuple[int, int]]:
-        vtype = self.types[members[0].outputs[k]]
+        vtype = self.entry_of[members[0].outputs[k]]
         arena = self.arena((vtype.elem_type, vtype.shape))
         start = self.rows[arena]
         self.rows[arena] += 1 if once else len(members)

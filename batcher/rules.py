@@ -178,14 +178,23 @@ def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | None:
     if not any(o.stacked for o in parts):
         return None
     names = []
+    stacked = next(part.name for part in parts if part.stacked)
     for part in parts:
         if part.stacked:
             names.append(part.name)
         else:
             lifted = e.op("Reshape", [part.name, e.const(np.array([1, *part.shape], dtype=np.int64))])[0]
-            names.append(e.op("Expand", [lifted, e.const(np.array([e.batch_size, *part.shape], dtype=np.int64))])[0])
+            shape = e.op("Concat", [_batch_size(e, stacked), e.const(np.array(part.shape, dtype=np.int64))], {"axis": 0})
+            names.append(e.op("Expand", [lifted, shape[0]])[0])
     axis = _shift([node.attr("axis", 1 if node.version < 4 else 0)], parts[0].rank)[0]
     return e.op("Concat", names, {"axis": axis})
+
+
+def _batch_size(e: Emitter, stacked: str, scalar: bool = False) -> str:
+    """N read from a stacked value at run time (``[N]``, or a scalar): the batched ops then hold
+    for every batch size."""
+    index = e.const(np.array(0 if scalar else [0], dtype=np.int64))
+    return e.op("Gather", [e.op("Shape", [stacked])[0], index], {"axis": 0})[0]
 
 
 @rule("Gather")
@@ -203,8 +212,14 @@ def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
         flat = e.op("Reshape", [data.name, e.const(np.array([-1, *data.shape[1:]], dtype=np.int64))])[0]
         as_int64 = e.op("Cast", [indices.name], {"to": 7})[0]  # 7: INT64; indices may be int32
         wrapped = e.op("Mod", [as_int64, e.const(np.array(length, dtype=np.int64))])[0]  # negative -> from the end
-        offsets = (np.arange(e.batch_size, dtype=np.int64) * length).reshape((-1,) + (1,) * indices.rank)
-        return e.op("Gather", [flat, e.op("Add", [wrapped, e.const(offsets)])[0]], {"axis": 0})
+        if node.version >= 11:  # offsets 0, L, 2L ... from the batch's own size: one plan serves every N
+            step = e.const(np.array(length, dtype=np.int64))
+            end = e.op("Mul", [_batch_size(e, data.name, scalar=True), step])[0]
+            offsets = e.op("Range", [e.const(np.array(0, dtype=np.int64)), end, step])[0]
+            offsets = e.op("Reshape", [offsets, e.const(np.array((-1,) + (1,) * indices.rank, dtype=np.int64))])[0]
+        else:
+            offsets = e.const((np.arange(e.batch_size, dtype=np.int64) * length).reshape((-1,) + (1,) * indices.rank))
+        return e.op("Gather", [flat, e.op("Add", [wrapped, offsets])[0]], {"axis": 0})
     return None
 
 

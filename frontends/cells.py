@@ -19,6 +19,7 @@ import onnx
 from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
+from autobatch.ir import ValueType
 from autobatch.frontends.tracing import OPSET, Batch, Parameter, Tensor, TraceError, _current
 
 CELL_DOMAIN = "autobatch.cells"
@@ -35,6 +36,9 @@ class TracedCell:
     dtypes: list[np.dtype]
     nested: dict[tuple[str, str], FunctionProto]
 
+    def __post_init__(self) -> None:
+        self.types = [ValueType.tensor(d, s) for s, d in zip(self.shapes, self.dtypes)]
+
 
 class Cell:
     """A function over tensors that runs as one node. Use as ``@autobatch.cell``."""
@@ -49,15 +53,18 @@ class Cell:
 
     def __call__(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
         batch = _batch_of(*args)
-        tensors = [batch.as_tensor(a) for a in args]
-        key = tuple((t.shape, t.dtype.str) for t in tensors)
+        tensors = [a if type(a) is Tensor and a.batch is batch else batch.as_tensor(a) for a in args]
+        key = tuple([(t.shape, t.dtype) for t in tensors])
         traced = self._traced.get(key)
         if traced is None:
             traced = self._traced[key] = self._trace(tensors, len(self._traced))
-        batch.functions.update(traced.nested)
-        batch.functions[(CELL_DOMAIN, traced.function.name)] = traced.function
-        inputs = tensors + [batch.parameter(p) for p in traced.parameters]
-        outputs = batch.record(traced.function.name, inputs, traced.shapes, traced.dtypes, domain=CELL_DOMAIN)
+        parameters = batch.cell_parameters.get(traced.function.name)
+        if parameters is None:  # the first call in this batch
+            batch.functions.update(traced.nested)
+            batch.functions[(CELL_DOMAIN, traced.function.name)] = traced.function
+            parameters = batch.cell_parameters[traced.function.name] = [batch.parameter(p) for p in traced.parameters]
+        outputs = batch.record(traced.function.name, tensors + parameters, traced.shapes, traced.dtypes,
+                               domain=CELL_DOMAIN, types=traced.types)
         return tuple(outputs) if self._returns_tuple else outputs[0]
 
     def traced_signatures(self) -> int:

@@ -201,6 +201,7 @@ class Batch:
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
         self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
+        self.cell_parameters: dict[str, list[Tensor]] = {}  # cell function -> its parameters' tensors here
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Batch:
@@ -267,26 +268,30 @@ class Batch:
 
     def record(self, op_type: str, inputs: Sequence[Tensor | None], shapes: Sequence[tuple[int, ...]],
                dtypes: Sequence[np.dtype], attrs: dict[str, AttributeProto] | None = None,
-               domain: str = "") -> list[Tensor]:
-        """Append one op; returns its output tensors (pending). This is the per-op cost of
-        tracing, so it does as little as it can."""
+               domain: str = "", types: list[ValueType] | None = None) -> list[Tensor]:
+        """Append one op; returns its output tensors (pending). ``types``: the outputs'
+        ValueTypes when the caller has them. This is the per-op cost of tracing, so it does as
+        little as it can."""
         names = []
+        weights, literals = self._weights, self._literals
         for tensor in inputs:
             if tensor is None:
                 names.append("")
                 continue
             name = tensor.name
-            if tensor.value is not None and name not in self._weights:
-                self._literals[name] = tensor.value  # a known value is data of the graph to run
+            if tensor.value is not None and name not in weights:
+                literals[name] = tensor.value  # a known value is data of the graph to run
             names.append(name)
-        outputs, types, tensors = [], [], []
+        outputs, tensors = [], []
+        pending, counter = self._pending, self._names
         for shape, dtype in zip(shapes, dtypes):
-            name = f"t{next(self._names)}"
+            name = f"t{next(counter)}"
             tensor = Tensor(self, name, shape, dtype)
             outputs.append(name)
-            types.append(_tensor_type(dtype, shape))
             tensors.append(tensor)
-            self._pending.append(weakref.ref(tensor))
+            pending.append(weakref.ref(tensor))
+        if types is None:
+            types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
         self._records.append(_Record(op_type, names, outputs, attrs or _NO_ATTRIBUTES, types, self._instance, domain))
         return tensors
 

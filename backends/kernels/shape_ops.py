@@ -240,3 +240,11 @@ def constant_of_shape(ctx: NodeContext, shape: np.ndarray) -> np.ndarray:
     value = ctx.get("value")
     fill = np.zeros(1, dtype=np.float32) if value is None else np.asarray(value).reshape(-1)
     return np.full(tuple(int_list(shape)), fill[0], dtype=fill.dtype)
+
+
+@kernel("Range", 11)
+def range_(ctx: NodeContext, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    # ONNX: max(ceil((limit - start) / delta), 0) elements, in the inputs' type. The inputs are
+    # scalars; models in the wild also pass one-element vectors, which onnx.reference accepts.
+    first, end, step = (np.asarray(v).reshape(-1)[0] for v in (start, limit, delta))
+    return np.arange(first, end, step, dtype=np.asarray(start).dtype)
