@@ -40,6 +40,7 @@ class Interpreter:
         self.order: list[Node] = graph.topological_order()
         reference = ReferenceOps(graph)
         self.impls: list[NodeImpl] = [self._implementation(node, reference) for node in self.order]
+        self.constants = graph.initializers()
         self._free_after = self._liveness()
 
     # ----------------------------------------------------------------- preparation
@@ -72,7 +73,7 @@ class Interpreter:
                     last_reader[name] = step
             for name in captured_names(node):
                 last_reader[name] = step
-        keep = set(self.graph.outputs) | set(self.graph.initializers())
+        keep = set(self.graph.outputs) | set(self.constants)
         free_after: list[list[str]] = [[] for _ in self.order]
         for name, step in last_reader.items():
             if name not in keep:
@@ -83,7 +84,7 @@ class Interpreter:
     def run(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> list[Any]:
         """Outputs (all graph outputs by default) for one set of feeds keyed by input name."""
         env: dict[str, Any] = {"": None}
-        env.update(self.graph.initializers())
+        env.update(self.constants)
         env.update(self.check_feeds(feeds))
         given = {id(value) for value in env.values()}
         for node, impl, dead in zip(self.order, self.impls, self._free_after):

@@ -106,10 +106,6 @@ _templates: dict[tuple, Template | None | str] = {}
 _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
 
 
-def clear_templates() -> None:
-    _templates.clear()
-
-
 def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], weights: Mapping[str, np.ndarray],
                  literals: Mapping[str, np.ndarray], functions: Functions, opsets: Mapping[str, int],
                  scheduler: str) -> FlatPlan:
@@ -117,6 +113,8 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], weights:
     by every instance; ``literals`` are data of one instance."""
     if opsets.get("", 1) < MIN_STACKING_OPSET:
         raise NotFlat(f"opset {opsets.get('', 1)} has no Reshape with a shape input")
+    if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
+        _templates.clear()
     start = time.perf_counter()
     planner = _Planner(weights, literals, functions, opsets)
     problem = planner.sign(records)
@@ -239,14 +237,13 @@ class _Planner:
         specs, baked = self._operand_specs(record)
         function = self.functions.get((record.domain, record.op_type)) if record.domain else None
         version = self.opsets.get(record.domain, 1)
-        key = (record.domain, record.op_type, version, attributes_key(record.attributes), id(function), specs,
-               tuple(map(bool, record.outputs)))
+        base = (record.domain, record.op_type, version, attributes_key(record.attributes), id(function), specs,
+                tuple(map(bool, record.outputs)))
+        per_size = _templates.get(base) == _PER_SIZE
+        if per_size and size is None:
+            return _PER_SIZE  # resolved per step
+        key = base + (size,) if per_size else base
         cached = _templates.get(key)
-        if cached == _PER_SIZE:
-            if size is None:
-                return _PER_SIZE  # resolved per step
-            key = key + (size,)
-            cached = _templates.get(key)
         if cached is not None:
             return cached
         if key in _templates:
@@ -255,11 +252,11 @@ class _Planner:
                     list(record.outputs), 0, "")
         built, reads_size = _build_template(node, specs, baked, [t.shape for t in record.types],
                                             self.functions, self.opsets, size or 2)
-        if len(_templates) >= TEMPLATE_CACHE_SIZE:
-            _templates.clear()
-        if reads_size and size is None:
-            _templates[key] = _PER_SIZE
-            return _PER_SIZE
+        if reads_size and not per_size:  # from now on kept per N
+            _templates[base] = _PER_SIZE
+            if size is None:
+                return _PER_SIZE
+            key = base + (size,)
         if built is not None:
             built.keep_alive = function
         _templates[key] = built

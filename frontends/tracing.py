@@ -345,7 +345,7 @@ class Batch:
         self.reports.append(plan.report)
         self.last_plan = plan
         arenas = self._flat.run(plan, self._weights)
-        return [arenas[arena][row] for arena, row in map(plan.locations.__getitem__, names)]  # views
+        return [arenas[arena][row, ...] for arena, row in map(plan.locations.__getitem__, names)]  # views, 0-d too
 
     def _run_graph(self, records: list[_Record], needed: set[str], names: list[str]) -> list[np.ndarray]:
         from autobatch.batcher import BatchingPass
