@@ -352,11 +352,11 @@ def verdicts(records: list[Record]) -> list[str]:
 # ---------------------------------------------------------------------------------------- profile
 BUCKETS = (
     ("tracing (frontends, examples)", ("/frontends/", "/examples/", "datasets.py")),
-    ("batching (batcher: analyse, schedule, rewrite)", ("/batcher/",)),
+    ("batching (batcher: analyse, schedule, plan)", ("/batcher/",)),
     ("gather/scatter/concat/slice kernels (numpy)", ("kernels/shape_ops.py",)),
     ("matmul/gemm kernels (numpy)", ("kernels/linalg.py",)),
     ("other numpy kernels (elementwise, reduce, ...)", ("/kernels/",)),
-    ("interpreter dispatch", ("interpreter.py", "numpy_backend.py")),
+    ("interpreter dispatch and flat executor", ("interpreter.py", "numpy_backend.py", "flat_executor.py")),
     ("onnxruntime executor: export + session building", ("ort_executor.py", "ort_runtime.py", "ort_backend.py")),
     ("IR graph building / shape inference (ir/, onnx)", ("/ir/", "onnx/")),
 )
@@ -397,8 +397,8 @@ def time_split(r: Record) -> str:
     total = r.seconds
     return (f"{r.task} {r.variant}, {r.backend}: {total * 1e3:.0f} ms = tracing {r.trace_s * 1e3:.0f} ms "
             f"({100 * r.trace_s / total:.0f}%) + batching {r.batching_s * 1e3:.0f} ms ({100 * r.batching_s / total:.0f}%: "
-            f"{parts}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: graph assembly, "
-            f"runner/session, kernels, results)")
+            f"{parts}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: gathers into "
+            f"arenas, template runs (kernels or sessions), results)")
 
 
 # ---------------------------------------------------------------------------------------- sweep and plot
