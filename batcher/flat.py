@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from onnx import AttributeProto, helper
+from onnx import AttributeProto
 
 from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
-from autobatch.batcher.problem import problem_from
+from autobatch.batcher.problem import Problem, problem_from
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, NONDETERMINISTIC, GraphEmitter
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
@@ -153,7 +153,8 @@ class _Planner:
         self.templates: list[Template | str | None] = []  # per class; None for sums of terms
 
     # ------------------------------------------------------------------ signing
-    def sign(self, records: Sequence[TraceRecord]) -> Any:
+    def sign(self, records: Sequence[TraceRecord]) -> Problem:
+        """Signature classes (with their templates) and dependencies of the records."""
         class_of: dict[tuple, int] = {}
         attribute_keys: dict[int, tuple] = {}  # id of an attributes dict (alive in the records) -> key
         producer: dict[str, int] = {}
@@ -290,13 +291,12 @@ class _Planner:
         if template is None:  # a sum of terms
             terms = [name for member in members for name in member.inputs]
             offsets = np.cumsum([0] + [len(m.inputs) for m in members[:-1]], dtype=np.intp)
-            return Step(None, len(members), [self._rows(terms)], [], self._write(members, 0, False), offsets)
+            return Step(None, len(members), [self._rows(terms)], [], [self._write(members, 0, False)], offsets)
         if isinstance(template, str):  # _PER_SIZE
             template = self._template(first, len(members))
             assert isinstance(template, Template)
         reads = [self._rows([member.inputs[i] for member in members]) for i in template.stacked]
-        writes = [w for k, name in enumerate(first.outputs) if name
-                  for w in self._write(members, k, template.once)]
+        writes = [self._write(members, k, template.once) for k, name in enumerate(first.outputs) if name]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
     def _rows(self, names: Iterable[str]) -> tuple[int, slice | np.ndarray]:
@@ -308,14 +308,15 @@ class _Planner:
             return arena, slice(first, first + len(rows))
         return arena, np.array(rows, dtype=np.intp)
 
-    def _write(self, members: list[TraceRecord], k: int, once: bool) -> list[tuple[int, int]]:
+    def _write(self, members: list[TraceRecord], k: int, once: bool) -> tuple[int, int]:
+        """Rows for output ``k`` of the members (one row when ``once``): (arena, first row)."""
         vtype = self.entry_of[members[0].outputs[k]]
         arena = self.arena((vtype.elem_type, vtype.shape))
         start = self.rows[arena]
         self.rows[arena] += 1 if once else len(members)
         for j, member in enumerate(members):
             self.location[member.outputs[k]] = (arena, start if once else start + j)
-        return [(arena, start)]
+        return arena, start
 
 
 class _SizeWatchingEmitter(GraphEmitter):

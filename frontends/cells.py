@@ -62,9 +62,10 @@ class Cell:
         if parameters is None:  # the first call in this batch
             batch.functions.update(traced.nested)
             batch.functions[(CELL_DOMAIN, traced.function.name)] = traced.function
-            parameters = batch.cell_parameters[traced.function.name] = [batch.parameter(p) for p in traced.parameters]
-        outputs = batch.record(traced.function.name, tensors + parameters, traced.shapes, traced.dtypes,
-                               domain=CELL_DOMAIN, types=traced.types)
+            parameters = [batch.parameter(p).name for p in traced.parameters]
+            batch.cell_parameters[traced.function.name] = parameters
+        outputs = batch.record(traced.function.name, tensors, traced.shapes, traced.dtypes,
+                               domain=CELL_DOMAIN, types=traced.types, shared=parameters)
         return tuple(outputs) if self._returns_tuple else outputs[0]
 
     def traced_signatures(self) -> int:

@@ -201,7 +201,7 @@ class Batch:
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
         self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
-        self.cell_parameters: dict[str, list[Tensor]] = {}  # cell function -> its parameters' tensors here
+        self.cell_parameters: dict[str, list[str]] = {}  # cell function -> its parameters' values here
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Batch:
@@ -268,20 +268,17 @@ class Batch:
 
     def record(self, op_type: str, inputs: Sequence[Tensor | None], shapes: Sequence[tuple[int, ...]],
                dtypes: Sequence[np.dtype], attrs: dict[str, AttributeProto] | None = None,
-               domain: str = "", types: list[ValueType] | None = None) -> list[Tensor]:
+               domain: str = "", types: list[ValueType] | None = None, shared: Sequence[str] = ()) -> list[Tensor]:
         """Append one op; returns its output tensors (pending). ``types``: the outputs'
-        ValueTypes when the caller has them. This is the per-op cost of tracing, so it does as
-        little as it can."""
-        names = []
+        ValueTypes when the caller has them; ``shared``: names of this batch's shared values
+        read after ``inputs`` (a cell's parameters). This is the per-op cost of tracing, so it
+        does as little as it can."""
+        names = [tensor.name if tensor is not None else "" for tensor in inputs]
         weights, literals = self._weights, self._literals
         for tensor in inputs:
-            if tensor is None:
-                names.append("")
-                continue
-            name = tensor.name
-            if tensor.value is not None and name not in weights:
-                literals[name] = tensor.value  # a known value is data of the graph to run
-            names.append(name)
+            if tensor is not None and tensor.value is not None and tensor.name not in weights:
+                literals[tensor.name] = tensor.value  # a known value is data of the graph to run
+        names += shared
         outputs, tensors = [], []
         pending, counter = self._pending, self._names
         for shape, dtype in zip(shapes, dtypes):
@@ -365,10 +362,11 @@ class Batch:
         """The records that lead to ``wanted`` (in trace order), and every value they read."""
         needed = set(wanted)
         records = []
+        disjoint, update = needed.isdisjoint, needed.update
         for record in reversed(self._records):
-            if any(o in needed for o in record.outputs):
+            if not disjoint(record.outputs):
                 records.append(record)
-                needed.update(record.inputs)
+                update(record.inputs)
         records.reverse()
         return records, needed
 
