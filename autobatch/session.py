@@ -12,7 +12,7 @@ import numpy as np
 from onnx import ModelProto
 
 from autobatch.backends import FeedError, Interpreter
-from autobatch.backends.flat_executor import FlatExecutor
+from autobatch.backends.flat_executor import FlatExecutor, OrtTemplate
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
@@ -202,13 +202,14 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
     """What runs flat plans of traced batches on ``backend``, or None on CUDA: there the
     general path's batched graph keeps values on the device between launches, where a flat
     plan's arenas are host memory."""
-    make_runner = make_runner_factory(backend, threads, providers)
+    if backend == "numpy":
+        return FlatExecutor(lambda graph: Interpreter(graph).run_trusted, (backend,))
     if backend == "onnxruntime":
         cache = shared_session_cache(threads, tuple(providers) if providers is not None else None)
         if cache.on_cuda:
             return None
-        return FlatExecutor(lambda graph: OrtExecutor(graph, cache, whole=True), (backend, threads, cache.providers))
-    return FlatExecutor(make_runner, (backend,))
+        return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers))
+    raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:

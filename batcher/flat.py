@@ -375,5 +375,7 @@ def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_
             if name in graph.inputs or name in graph.outputs or graph.values[name].const is not None:
                 name = emit.op("Identity", [name])[0]  # an output must be a value of its own
             graph.add_output(name)
+    if all(not n.domain for n in graph.nodes.values()):
+        graph.functions = {}  # the rule expanded every call: a backend needs no function
     fed = [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"]
     return Template(graph, stacked, fed, once=not stacked), emit.read_size
