@@ -196,6 +196,7 @@ class Batch:
         self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
         self._shared: dict[tuple, str] = {}
+        self._scalars: dict[tuple, Tensor] = {}  # (type, value) of a Python scalar -> its literal
         self._names = itertools.count()
         self._instance = 0
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
@@ -230,11 +231,23 @@ class Batch:
 
     # ------------------------------------------------------------------ values
     def constant(self, value: Any, dtype: Any = None) -> Tensor:
-        """A literal of one instance (a word index, a label)."""
-        array = np.asarray(value, dtype=dtype)
-        if array.dtype == np.float64 and dtype is None:
-            array = array.astype(np.float32)  # Python floats are float32 here, as in DyNet
-        return Tensor(self, f"c{next(self._names)}", array.shape, array.dtype, array)
+        """A literal of one instance (a word index, a label). Equal Python scalars share one
+        tensor: it is data all the same (stacked per reader), made once."""
+        kind = type(value)
+        key = None
+        if dtype is None and kind in (int, bool):
+            key = (kind, value)
+        elif dtype is None and kind is float:
+            key = (kind, value.hex())  # -0.0 == 0.0, but its literal is not the same
+        tensor = self._scalars.get(key) if key is not None else None
+        if tensor is None:
+            array = np.asarray(value, dtype=dtype)
+            if array.dtype == np.float64 and dtype is None:
+                array = array.astype(np.float32)  # Python floats are float32 here, as in DyNet
+            tensor = Tensor(self, f"c{next(self._names)}", array.shape, array.dtype, array)
+            if key is not None:
+                self._scalars[key] = tensor
+        return tensor
 
     def shared_constant(self, value: Any, dtype: Any = np.int64) -> Tensor:
         """A constant every instance reads as the same value (axes, shapes, slice bounds):

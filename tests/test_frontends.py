@@ -257,3 +257,21 @@ def test_run_programs_into_a_batch_of_ones_own():
     inputs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
     assert run_programs(walk, inputs, batch=batch) == [walk_reference(x) for x in inputs]
     assert batch.reports and all(r.launches >= r.lower_bound for r in batch.reports)
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_equal_python_scalars_share_one_literal_and_keep_their_type_and_sign(flat: bool) -> None:
+    with Batch(flat=flat) as batch:
+        labels = [batch.constant(k % 3) for k in range(9)]
+        assert labels[0] is labels[3] and labels[0] is not labels[1]
+        zero, negative_zero = batch.constant(0.0), batch.constant(-0.0)
+        assert zero is not negative_zero and np.signbit(negative_zero.value)
+        assert batch.constant(1) is not batch.constant(True) and batch.constant(True).dtype == np.bool_
+        assert batch.constant(1.0).dtype == np.float32 and batch.constant(1).dtype == np.int64
+        table = Parameter(np.arange(12, dtype=np.float32).reshape(3, 4))
+        picked = [ops.lookup(table, label) for label in labels]
+        signs = [ops.div(np.float32(1.0), x) for x in (zero, negative_zero)]  # +inf and -inf
+        values = batch.run(picked + signs)
+    for k, value in enumerate(values[:9]):
+        np.testing.assert_array_equal(value, table.array[k % 3])
+    assert values[9] == np.inf and values[10] == -np.inf
