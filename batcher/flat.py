@@ -41,7 +41,6 @@ from autobatch.ir import Graph, Node, ValueType
 BAKED_SIZE = 64
 TEMPLATE_CACHE_SIZE = 4096
 SUM_OF_TERMS = "sum of terms"
-MISSING = ("missing",)
 
 
 class NotFlat(Exception):
@@ -49,7 +48,12 @@ class NotFlat(Exception):
 
 
 class TraceRecord(Protocol):
-    """What planning reads of one traced op."""
+    """What planning reads of one traced op (``autobatch.frontends.tracing`` makes them).
+
+    ``entries``: per input, its name when every instance shares it (a weight, a shared
+    constant), else its type, or ``ir.types.MISSING``. ``key``: equal for records of one signature
+    class (made of op, attributes and entries). ``preds``: indices of the records it reads.
+    """
 
     op_type: str
     domain: str
@@ -57,6 +61,9 @@ class TraceRecord(Protocol):
     outputs: list[str]
     attributes: dict[str, AttributeProto]
     types: list[ValueType]
+    entries: tuple
+    key: tuple
+    preds: list[int]
 
 
 Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)
@@ -106,10 +113,11 @@ _templates: dict[tuple, Template | None | str] = {}
 _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
 
 
-def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], weights: Mapping[str, np.ndarray],
-                 literals: Mapping[str, np.ndarray], functions: Functions, opsets: Mapping[str, int],
-                 scheduler: str) -> FlatPlan:
-    """The plan computing ``wanted`` from ``records`` (in trace order). ``weights`` are shared
+def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producers: Sequence[int],
+                 weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
+                 opsets: Mapping[str, int], scheduler: str) -> FlatPlan:
+    """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
+    (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance."""
     if opsets.get("", 1) < MIN_STACKING_OPSET:
         raise NotFlat(f"opset {opsets.get('', 1)} has no Reshape with a shape input")
@@ -117,7 +125,8 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], weights:
         _templates.clear()
     start = time.perf_counter()
     planner = _Planner(weights, literals, functions, opsets)
-    problem = planner.sign(records)
+    records, preds = _live(records, producers)
+    problem = planner.sign(records, preds)
     analysed = time.perf_counter()
     schedule = get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
@@ -144,72 +153,61 @@ class _Planner:
         self.rows: list[int] = []
         self.literal_rows: list[list[np.ndarray]] = []
         self.location: dict[str, tuple[int, int]] = {}  # per-instance value -> (arena, row)
-        # What an input contributes to a signature: a shared value its name, a per-instance
-        # value its type (literals first, then outputs as records are signed), "" MISSING.
-        self.entry_of: dict[str, str | ValueType | tuple] = dict(zip(weights, weights))
-        self.entry_of[""] = MISSING
         self._place_literals()
         self.classes: list[tuple] = []
+        self.class_of: dict[tuple, int] = {}  # a signature -> its class
         self.templates: list[Template | str | None] = []  # per class; None for sums of terms
 
     # ------------------------------------------------------------------ signing
-    def sign(self, records: Sequence[TraceRecord]) -> Problem:
-        """Signature classes (with their templates) and dependencies of the records."""
-        class_of: dict[tuple, int] = {}
-        attribute_keys: dict[int, tuple] = {}  # id of an attributes dict (alive in the records) -> key
-        producer: dict[str, int] = {}
-        entry_of = self.entry_of
+    def sign(self, records: Sequence[TraceRecord], preds: list[list[int]]) -> Problem:
+        """Signature classes (with their templates) of the records, and the problem."""
+        class_of: dict[tuple, int] = {}  # a record key -> its class
         sig = np.empty(len(records), dtype=np.int64)
-        preds: list[list[int]] = []
         for i, record in enumerate(records):
-            inputs, outputs = record.inputs, record.outputs
-            try:
-                entries = tuple(map(entry_of.__getitem__, inputs))
-            except KeyError as unknown:
-                raise NotFlat(f"value {unknown} is read but neither traced, shared nor given") from None
-            key = self._sum_key(record, entries) if record.op_type == "Sum" else None
-            if key is None:
-                attributes = attribute_keys.get(id(record.attributes))
-                if attributes is None:
-                    attributes = attribute_keys[id(record.attributes)] = attributes_key(record.attributes)
-                wanted = tuple(map(bool, outputs)) if "" in outputs else len(outputs)
-                key = (record.domain, record.op_type, attributes, entries, wanted)
-            cls = class_of.get(key)
+            cls = class_of.get(record.key)
             if cls is None:
-                cls = class_of[key] = self._new_class(key, record)
+                cls = class_of[record.key] = self._class(record)
             sig[i] = cls
-            sources = set(map(producer.get, inputs))
-            sources.discard(None)
-            preds.append(sorted(sources) if len(sources) > 1 else list(sources))  # type: ignore[arg-type]
-            producer.update(dict.fromkeys(outputs, i))
-            entry_of.update(zip(outputs, record.types))
-            if "" in outputs:  # an optional output not wanted: "" stays MISSING
-                producer.pop("", None)
-                entry_of[""] = MISSING
         return problem_from(list(range(len(records))), sig, preds, self.classes)
 
+    def _class(self, record: TraceRecord) -> int:
+        """The class of a record's signature, made (with its template) when new."""
+        signature = self._sum_key(record)
+        if signature is None:
+            for name, vtype in zip(record.outputs, record.types):  # static: stacked in arenas
+                if name and (not vtype.is_tensor or not vtype.is_static):
+                    raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
+            if record.op_type in NONDETERMINISTIC and not record.domain:
+                raise NotFlat(f"{record.op_type} differs on every run; it runs alone")
+            signature = (record.domain, record.op_type, attributes_key(record.attributes), record.entries,
+                         tuple(map(bool, record.outputs)))
+        cls = self.class_of.get(signature)
+        if cls is None:
+            cls = self.class_of[signature] = len(self.classes)
+            self.classes.append(signature)
+            self.templates.append(None if signature[2] == SUM_OF_TERMS else self._template(record, None))
+        return cls
+
     def _place_literals(self) -> None:
-        """Every literal: its type (its signature entry) and a row of its arena."""
-        entry_of = self.entry_of
+        """Every literal: a row of its arena."""
         kinds: dict[tuple[np.dtype, tuple[int, ...]], tuple[ValueType, int]] = {}
         for name, array in self.literals.items():
             known = kinds.get((array.dtype, array.shape))
             if known is None:
                 vtype = ValueType.tensor(array.dtype, array.shape)
                 known = kinds[array.dtype, array.shape] = (vtype, self.arena((vtype.elem_type, array.shape)))
-            vtype, arena = known
-            entry_of[name] = vtype
+            arena = known[1]
             self.location[name] = (arena, self.rows[arena])
             self.rows[arena] += 1
             self.literal_rows[arena].append(array)
 
     @staticmethod
-    def _sum_key(record: TraceRecord, entries: tuple) -> tuple | None:
+    def _sum_key(record: TraceRecord) -> tuple | None:
         """Sums of per-instance float terms of one type batch whatever their number of terms."""
-        if record.op_type != "Sum" or record.domain or len(entries) < 2:
+        if record.op_type != "Sum" or record.domain or len(record.entries) < 2:
             return None
         out = record.types[0]
-        if out.dtype is None or out.dtype.kind != "f" or not all(e == out for e in entries):
+        if out.dtype is None or out.dtype.kind != "f" or not all(e == out for e in record.entries):
             return None
         return ("", "Sum", SUM_OF_TERMS, out)
 
@@ -220,16 +218,6 @@ class _Planner:
             self.rows.append(0)
             self.literal_rows.append([])
         return index
-
-    def _new_class(self, key: tuple, record: TraceRecord) -> int:
-        if record.op_type in NONDETERMINISTIC and not record.domain:
-            raise NotFlat(f"{record.op_type} differs on every run; it runs alone")
-        for name, vtype in zip(record.outputs, record.types):  # a class's members have its types
-            if name and (not vtype.is_tensor or not vtype.is_static):
-                raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
-        self.classes.append(key)
-        self.templates.append(None if key[2] == SUM_OF_TERMS else self._template(record, None))
-        return len(self.classes) - 1
 
     # ------------------------------------------------------------------ templates
     def _template(self, record: TraceRecord, size: int | None) -> Template | str:
@@ -268,13 +256,12 @@ class _Planner:
     def _operand_specs(self, record: TraceRecord) -> tuple[tuple, dict[int, np.ndarray]]:
         specs: list[tuple | None] = []
         baked: dict[int, np.ndarray] = {}
-        for i, name in enumerate(record.inputs):
-            vtype = self.entry_of.get(name)
+        for i, (name, entry) in enumerate(zip(record.inputs, record.entries)):
             if not name:
                 specs.append(None)
                 continue
-            if isinstance(vtype, ValueType):
-                specs.append(("x", vtype.elem_type, vtype.shape))
+            if isinstance(entry, ValueType):
+                specs.append(("x", entry.elem_type, entry.shape))
                 continue
             array = np.asarray(self.weights[name])
             if array.size <= BAKED_SIZE:
@@ -310,13 +297,30 @@ class _Planner:
 
     def _write(self, members: list[TraceRecord], k: int, once: bool) -> tuple[int, int]:
         """Rows for output ``k`` of the members (one row when ``once``): (arena, first row)."""
-        vtype = self.entry_of[members[0].outputs[k]]
+        vtype = members[0].types[k]
         arena = self.arena((vtype.elem_type, vtype.shape))
         start = self.rows[arena]
         self.rows[arena] += 1 if once else len(members)
         for j, member in enumerate(members):
             self.location[member.outputs[k]] = (arena, start if once else start + j)
         return arena, start
+
+
+def _live(records: Sequence[TraceRecord], producers: Sequence[int]) -> tuple[Sequence[TraceRecord], list[list[int]]]:
+    """The records that lead to a wanted value (usually all), and their predecessors
+    renumbered among them."""
+    alive = bytearray(len(records))
+    for i in producers:
+        alive[i] = 1
+    for i in range(len(records) - 1, -1, -1):  # predecessors come first: one backward pass
+        if alive[i]:
+            for p in records[i].preds:
+                alive[p] = 1
+    if alive.count(1) == len(records):
+        return records, [record.preds for record in records]
+    kept = [i for i, flag in enumerate(alive) if flag]
+    index = {old: new for new, old in enumerate(kept)}
+    return [records[i] for i in kept], [[index[p] for p in records[i].preds] for i in kept]
 
 
 class _SizeWatchingEmitter(GraphEmitter):

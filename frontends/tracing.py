@@ -21,9 +21,13 @@ import numpy as np
 from onnx import AttributeProto, helper
 
 from autobatch.ir import Graph, Node, ValueType
+from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
 
 OPSET = {"": 18}
+
+
+DISCARDED = -2  # the producer of a pending tensor whose record was discarded
 
 
 class TraceError(ValueError):
@@ -49,17 +53,23 @@ def attributes(**values: Any) -> dict[str, AttributeProto]:
 
 class Tensor:
     """A value in a batch: its shape and dtype are known when it is traced, its contents
-    when the batch has run."""
+    when the batch has run.
 
-    __slots__ = ("batch", "name", "shape", "dtype", "value", "__weakref__")
+    ``entry`` is what the value contributes to the signature of an op reading it: its name
+    when every instance shares it (a parameter), else its type. ``producer`` is the index of
+    the record computing it while it is pending (-1 for none: an argument of a traced cell)."""
+
+    __slots__ = ("batch", "name", "shape", "dtype", "value", "entry", "producer", "__weakref__")
 
     def __init__(self, batch: Batch, name: str, shape: tuple[int, ...], dtype: np.dtype,
-                 value: np.ndarray | None = None) -> None:
+                 value: np.ndarray | None = None, entry: str | ValueType | None = None, producer: int = -1) -> None:
         self.batch = batch
         self.name = name
         self.shape = shape
         self.dtype = dtype
         self.value = value
+        self.entry = entry if entry is not None else _tensor_type(dtype, shape)
+        self.producer = producer
 
     def numpy(self) -> np.ndarray:
         """The value: runs the batch's pending graph (batched) if it is not known yet."""
@@ -147,13 +157,20 @@ class Parameter:
 
 @dataclass(slots=True)
 class _Record:
+    """One traced op. ``entries``: what each input contributes to the op's signature (see
+    ``Tensor.entry``); ``key``: equal for records of one signature class (the planner turns
+    it into the class); ``preds``: indices of the records whose outputs it reads."""
+
     op_type: str
     inputs: list[str]
     outputs: list[str]
     attributes: dict[str, AttributeProto]
     types: list[ValueType]
     instance: int
-    domain: str = ""
+    domain: str
+    entries: tuple
+    key: tuple
+    preds: list[int]
 
 
 _NO_ATTRIBUTES: dict[str, AttributeProto] = {}
@@ -258,14 +275,14 @@ class Batch:
         if name is None:
             name = self._shared[key] = f"k{len(self._shared)}"
             self._weights[name] = array
-        return Tensor(self, name, array.shape, array.dtype, array)
+        return Tensor(self, name, array.shape, array.dtype, array, entry=name)
 
     def parameter(self, parameter: Parameter) -> Tensor:
         tensor = self._parameters.get(id(parameter))
         if tensor is None:  # one tensor per parameter and batch: a cell call reuses it
             name = f"{parameter.name}#{len(self._parameters)}"
             tensor = self._parameters[id(parameter)] = Tensor(self, name, parameter.array.shape,
-                                                              parameter.array.dtype, parameter.array)
+                                                              parameter.array.dtype, parameter.array, entry=name)
             self._weights[name] = parameter.array
             self.parameters_used[name] = parameter
         return tensor
@@ -287,22 +304,29 @@ class Batch:
         read after ``inputs`` (a cell's parameters). This is the per-op cost of tracing, so it
         does as little as it can."""
         names = [tensor.name if tensor is not None else "" for tensor in inputs]
+        entries = [tensor.entry if tensor is not None else MISSING for tensor in inputs]
         weights, literals = self._weights, self._literals
+        preds = set()
         for tensor in inputs:
-            if tensor is not None and tensor.value is not None and tensor.name not in weights:
+            if tensor is not None and tensor.value is None:
+                if tensor.producer == DISCARDED:
+                    raise TraceError(f"{tensor!r} was discarded before it ran: it has no value to read")
+                if tensor.producer >= 0:  # else an input of the graph traced (a cell's argument)
+                    preds.add(tensor.producer)
+            elif tensor is not None and tensor.name not in weights:
                 literals[tensor.name] = tensor.value  # a known value is data of the graph to run
         names += shared
-        outputs, tensors = [], []
-        pending, counter = self._pending, self._names
-        for shape, dtype in zip(shapes, dtypes):
-            name = f"t{next(counter)}"
-            tensor = Tensor(self, name, shape, dtype)
-            outputs.append(name)
-            tensors.append(tensor)
-            pending.append(weakref.ref(tensor))
+        entries += shared
         if types is None:
             types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
-        self._records.append(_Record(op_type, names, outputs, attrs or _NO_ATTRIBUTES, types, self._instance, domain))
+        index = len(self._records)
+        tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
+                   for shape, dtype, vtype in zip(shapes, dtypes, types)]
+        self._pending += map(weakref.ref, tensors)
+        attributes = attrs or _NO_ATTRIBUTES
+        key = (domain, op_type, id(attributes), tuple(entries))
+        self._records.append(_Record(op_type, names, [t.name for t in tensors], attributes, types, self._instance,
+                                     domain, key[3], key, sorted(preds) if len(preds) > 1 else list(preds)))
         return tensors
 
     # ------------------------------------------------------------------ running
@@ -319,6 +343,9 @@ class Batch:
 
     def discard(self) -> None:
         """Forget everything pending without running it."""
+        for tensor in (ref() for ref in self._pending):
+            if tensor is not None:
+                tensor.producer = DISCARDED  # its record is gone: reading it again is an error
         self._records.clear()
         self._literals.clear()
         self._pending = []
@@ -332,22 +359,21 @@ class Batch:
             return
         names = [t.name for t in wanted]
         with gc_paused():
-            records, needed = self.records_for(names)
-            values = self._run_flat(records, names) if self._flat is not None else None
+            values = self._run_flat([t.producer for t in wanted], names) if self._flat is not None else None
             if values is None:
-                values = self._run_graph(records, needed, names)
+                values = self._run_graph(*self.records_for(names), names)
         for tensor, value in zip(wanted, values):
             tensor.value = value
         self.discard()
 
-    def _run_flat(self, records: list[_Record], names: list[str]) -> list[np.ndarray] | None:
-        """Values of ``names`` by the flat path, or None (and the reason kept) where it does
-        not apply."""
+    def _run_flat(self, producers: list[int], names: list[str]) -> list[np.ndarray] | None:
+        """Values of ``names`` (made by the records at ``producers``) by the flat path, or None
+        (and the reason kept) where it does not apply."""
         from autobatch.batcher.flat import NotFlat, plan_records
 
         try:
-            plan = plan_records(records, names, self._weights, self._literals, self.functions, self._opsets(),
-                                self.scheduler)
+            plan = plan_records(self._records, names, producers, self._weights, self._literals, self.functions,
+                                self._opsets(), self.scheduler)
         except NotFlat as why:
             self.general_path_reason = str(why)
             return None

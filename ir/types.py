@@ -14,6 +14,8 @@ Dim = int | str | None
 Shape = tuple[Dim, ...]
 
 
+MISSING = ("missing",)  # the signature entry of an optional input that is left out
+
 class ValueType:
     """The type of one IR value.
 

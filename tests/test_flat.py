@@ -684,3 +684,27 @@ def test_per_size_template_survives_a_cache_overflow(monkeypatch):
                 assert_same(value, np.tanh(data[k][2]))
     finally:
         flat._templates.clear()  # leave no template made for the wrong N to later tests
+
+
+# ----------------------------------------------------------------------------- pruning, discarded values
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_records_leading_to_no_held_value_are_not_run(backend):
+    W = F["W"]
+    with Batch(backend=backend) as batch:
+        kept = [ops.tanh(ops.matmul(batch.constant(_f32(D)), W)) for _ in range(3)]
+        for _ in range(5):  # computed, then dropped by the caller before the run
+            ops.sigmoid(ops.matmul(batch.constant(_f32(D)), W))
+        values = batch.run(kept)
+    assert_flat_ran(batch)
+    assert batch.reports[-1].nodes == 2 * len(kept)  # MatMul and Tanh of each kept value only
+    assert all(v.shape == (D,) for v in values)
+
+
+def test_reading_a_discarded_value_is_a_clear_error_and_the_batch_stays_usable():
+    with Batch() as batch:
+        lost = ops.tanh(batch.constant(_f32(D)))
+        batch.discard()
+        with pytest.raises(TraceError, match="discarded"):
+            ops.sigmoid(lost)
+        x = _f32(D)
+        assert_same(batch.run([ops.tanh(batch.constant(x))])[0], np.tanh(x))
