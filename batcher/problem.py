@@ -6,6 +6,7 @@ so their per-node work stays in plain Python lists and NumPy.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -88,7 +89,10 @@ def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], c
 def _depths(preds: list[list[int]]) -> np.ndarray:
     depth: list[int] = []
     for ps in preds:  # nodes are in topological order
-        depth.append(max([depth[p] for p in ps]) + 1 if ps else 0)
+        if len(ps) == 1:  # the common case, kept cheap
+            depth.append(depth[ps[0]] + 1)
+        else:
+            depth.append(max(map(depth.__getitem__, ps)) + 1 if ps else 0)
     return np.array(depth, dtype=np.int64)
 
 
@@ -100,7 +104,7 @@ def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.n
     if n_classes == 0 or n == 0:
         return np.zeros(n, dtype=np.int64)
     best = np.zeros((n, n_classes), dtype=np.int32)
-    src = np.fromiter((p for ps in preds for p in ps), dtype=np.int64)
+    src = np.array(list(itertools.chain.from_iterable(preds)), dtype=np.int64)
     dst = np.repeat(np.arange(n), [len(ps) for ps in preds])
     by_dst_depth = np.argsort(depth[dst], kind="stable")
     src, dst = src[by_dst_depth], dst[by_dst_depth]

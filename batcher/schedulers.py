@@ -42,34 +42,39 @@ class _Ready:
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
-        self.waiting = np.array([len(p) for p in problem.preds], dtype=np.int64)
+        # Plain lists: this bookkeeping runs per node, where NumPy scalars cost several times more.
+        self.sig: list[int] = problem.sig.tolist()
+        self.level: list[int] = problem.level.tolist()
+        self.waiting = [len(p) for p in problem.preds]
         self.ready_by_class: dict[int, list[int]] = defaultdict(list)
         self.ready_at_level: dict[tuple[int, int], int] = defaultdict(int)  # (class, level) -> ready nodes
         self.ready_unbatchable: list[int] = []
         self.done = 0
-        for i in np.flatnonzero(self.waiting == 0):
-            self._make_ready(int(i))
+        for i, waiting in enumerate(self.waiting):
+            if waiting == 0:
+                self._make_ready(i)
 
     def _make_ready(self, i: int) -> None:
-        cls = int(self.problem.sig[i])
+        cls = self.sig[i]
         if cls == UNBATCHABLE:
             self.ready_unbatchable.append(i)
         else:
             self.ready_by_class[cls].append(i)
-            self.ready_at_level[cls, int(self.problem.level[i])] += 1
+            self.ready_at_level[cls, self.level[i]] += 1
 
     def launch(self, group: list[int]) -> None:
         self.done += len(group)
+        waiting, succs = self.waiting, self.problem.succs
         for i in group:
-            for j in self.problem.succs[i]:
-                self.waiting[j] -= 1
-                if self.waiting[j] == 0:
+            for j in succs[i]:
+                waiting[j] -= 1
+                if waiting[j] == 0:
                     self._make_ready(j)
 
     def take_class(self, cls: int) -> list[int]:
         group = sorted(self.ready_by_class.pop(cls))
         for i in group:
-            self.ready_at_level[cls, int(self.problem.level[i])] -= 1
+            self.ready_at_level[cls, self.level[i]] -= 1
         return group
 
 
@@ -133,7 +138,7 @@ def _level_schedule(problem: Problem, tie_break: Callable[[int], tuple] | None) 
         cls = min(complete or ready.ready_by_class, key=key)
         counts = pending[cls]
         for i in ready.ready_by_class[cls]:
-            lvl = int(problem.level[i])
+            lvl = ready.level[i]
             counts[lvl] -= 1
             if counts[lvl] == 0:
                 del counts[lvl]
