@@ -374,7 +374,7 @@ def profile_split(task: Task, form: str, backend: str, scheduler: str) -> list[s
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     totals: dict[str, float] = {}
     for (filename, _, func), (_, _, tottime, _, _) in stats.items():
-        if "InferenceSession' objects" in func and func.startswith("<method 'run'"):
+        if "pybind11_state.run" in func or ("InferenceSession' objects" in func and func.startswith("<method 'run'")):
             bucket = "onnxruntime session.run (kernels + its own gathers)"
         elif "onnxruntime" in func or "onnxruntime" in filename:
             bucket = "onnxruntime executor: export + session building"
