@@ -116,9 +116,12 @@ def level_schedule(problem: Problem) -> Schedule:
     """Ours: launch a ready class whose ready nodes complete its lowest pending level (this
     never costs a launch against the lower bound); among several, and when none completes,
     two tie-breaks are tried (the agenda's lowest average depth, and the class with the most
-    levels still ahead) and the shorter schedule is kept."""
-    average_depth = _cheapest_first(problem)
-    return min((_level_schedule(problem, tie_break) for tie_break in (average_depth, None)), key=len)
+    levels still ahead) and the shorter schedule is kept; the second only when the first
+    misses the lower bound."""
+    first = _level_schedule(problem, _cheapest_first(problem))
+    if len(first) == problem.lower_bound():
+        return first  # nothing can do better: the second tie-break is not tried
+    return min(first, _level_schedule(problem, None), key=len)
 
 
 def _level_schedule(problem: Problem, tie_break: Callable[[int], tuple] | None) -> Schedule:
