@@ -19,6 +19,7 @@ the general path, which handles everything.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -287,8 +288,7 @@ class _Planner:
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
     def _rows(self, names: Iterable[str]) -> tuple[int, slice | np.ndarray]:
-        location = self.location
-        places = [location[name] for name in names]
+        places = list(map(self.location.__getitem__, names))
         arena, first = places[0]
         rows = [row for _, row in places]
         if rows == list(range(first, first + len(rows))):
@@ -301,8 +301,9 @@ class _Planner:
         arena = self.arena((vtype.elem_type, vtype.shape))
         start = self.rows[arena]
         self.rows[arena] += 1 if once else len(members)
-        for j, member in enumerate(members):
-            self.location[member.outputs[k]] = (arena, start if once else start + j)
+        names = [member.outputs[k] for member in members]
+        rows = itertools.repeat(start) if once else range(start, start + len(members))
+        self.location.update(zip(names, zip(itertools.repeat(arena), rows)))
         return arena, start
 
 
