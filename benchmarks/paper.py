@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="correctness on a few small instances of every task")
     parser.add_argument("--minibatch", type=int, default=64)
     parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after one warm-up (fastest kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up (fastest kept)")
     parser.add_argument("--one-at-a-time", type=int, default=16,
                         help="instances timed one at a time (the first ones of the minibatch)")
     parser.add_argument("--tasks", default=",".join(TASKS))
