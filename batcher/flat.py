@@ -3,18 +3,18 @@
 The general path builds an IR graph of every instance, signs its nodes, schedules them and
 rewrites the schedule into a batched IR graph that a backend prepares and runs: several
 Python objects and steps per traced op, most of the time of a traced batch. Here each record
-is signed with a cheap key, scheduled by the same schedulers, and each signature class is
-batched by its rule ONCE into a small *template* graph over a symbolic batch size ``N``, kept
-across batches. The plan is a list of steps: the arena rows each stacked operand reads (a
+arrives with a signature key and its predecessors (made while tracing), is scheduled by the
+same schedulers, and each signature class is batched by its rule ONCE into a small *template*
+graph over a symbolic batch size ``N``, kept across batches. The plan is a list of steps: the arena rows each stacked operand reads (a
 view when contiguous, else one gather), the template to run, and the rows its outputs fill.
 
 Arenas: every per-instance value of one (dtype, shape) lives in one array, a row a value.
 Gathering the children of Tree-LSTM nodes made by many earlier steps is then one ``take``,
 not a gather per source batch plus a concat.
 
-A batch this path does not cover raises ``NotFlat`` naming why (an op without a rule, a
-nondeterministic op, a type that is not static, a subgraph attribute), and the caller takes
-the general path, which handles everything.
+A batch this path does not cover raises ``NotFlat`` naming why (an op no rule batches, such
+as one with a subgraph; a nondeterministic op; a type that is not static), and the caller
+takes the general path, which handles everything.
 """
 
 from __future__ import annotations
