@@ -114,8 +114,10 @@ def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.n
     batchable = sig != UNBATCHABLE
     for g in range(int(depth.max()) + 1):
         lo, hi = edge_bounds[g], edge_bounds[g + 1]
-        if hi > lo:
-            np.maximum.at(best, dst[lo:hi], best[src[lo:hi]])
+        if hi > lo:  # each node's row: the maximum over its predecessors' rows (edges grouped by node)
+            targets = dst[lo:hi]
+            starts = np.flatnonzero(np.concatenate(([True], targets[1:] != targets[:-1])))
+            best[targets[starts]] = np.maximum.reduceat(best[src[lo:hi]], starts, axis=0)
         members = nodes[node_bounds[g]:node_bounds[g + 1]]
         members = members[batchable[members]]
         best[members, sig[members]] += 1
