@@ -18,6 +18,7 @@ from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
+from autobatch.batcher.flat import FlatPlan, NotFlat, graph_records, plan_records
 from autobatch.batcher.fold import constants_to_initializers
 from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, ValueType, from_onnx
@@ -52,6 +53,16 @@ class SessionStats:
 
 
 @dataclass
+class _FlatPlan:
+    """A flat plan with the shared and per-instance constants it reads, kept per input
+    signature: the feeds of the next batch fill its literal rows."""
+
+    plan: FlatPlan
+    weights: dict[str, np.ndarray]
+    data: dict[str, np.ndarray]
+
+
+@dataclass
 class _Plan:
     """A batched graph and what runs it, kept for the next batch of the same structure."""
 
@@ -70,7 +81,9 @@ class InferenceSession:
     """
 
     def __init__(self, model: ModelProto | Graph | bytes | str, backend: str = "numpy", scheduler: str = "level",
-                 providers: Sequence[str] | None = None, threads: int = 0) -> None:
+                 providers: Sequence[str] | None = None, threads: int = 0, flat: bool = True) -> None:
+        """``flat``: run batches by the flat path where they allow it (see ``autobatch.Batch``);
+        False always builds, rewrites and runs the batched IR graph."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
         self.graph = model if isinstance(model, Graph) else from_onnx(model)
@@ -86,6 +99,11 @@ class InferenceSession:
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
         else:
             self._single = Interpreter(self.graph)
+        # Batches take the flat path where it applies (not with control flow: each batch unrolls
+        # its own graph); per input signature, a flat plan or why the general path is taken.
+        self._flat = None if self._control_flow or not flat else flat_executor(backend, threads, providers)
+        self._flat_plans: dict[tuple, _FlatPlan | str] = {}
+        self.general_path_reason: str | None = None  # why the last batch did not take the flat path
 
     def get_inputs(self) -> list[str]:
         return list(self.graph.inputs)
@@ -115,6 +133,10 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
+        if self._flat is not None:
+            results = self._run_flat(key, checked, names, start)
+            if results is not None:
+                return results
         plan = self._plans.get(key) if key is not None else None
         cached = plan is not None
         if plan is None:
@@ -143,6 +165,42 @@ class InferenceSession:
             self.stats.launches = len(plan.runner.order)
         width = len(names)
         return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
+
+    def _run_flat(self, key: tuple, checked: list[dict[str, Any]], names: list[str],
+                  start: float) -> list[list[np.ndarray]] | None:
+        """``run_batch`` by the flat path, or None (the reason kept) where it does not apply."""
+        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
+        wanted = [f"i{k}/{name}" for k in range(len(checked)) for name in names]
+        seconds: dict[str, float] = {}
+        entry = self._flat_plans.get(key)
+        cached = isinstance(entry, _FlatPlan)
+        if entry is None:
+            union = Graph.union([self._typed_graph(feeds) for feeds in checked])
+            try:
+                graph = graph_records(union)
+                producers = [graph.producer[name] for name in wanted if name in graph.producer]
+                plan = plan_records(graph.records, wanted, producers, graph.weights, {**graph.data, **union_feeds},
+                                    union.functions, union.opset_imports, self.batching.scheduler_name)
+            except NotFlat as why:
+                entry = str(why)
+            else:
+                entry = _FlatPlan(plan, graph.weights, graph.data)
+                seconds["build"] = time.perf_counter() - start - sum(plan.report.seconds.values())
+                seconds.update(plan.report.seconds)
+            self._flat_plans[key] = entry
+        if isinstance(entry, str):
+            self.general_path_reason = entry
+            return None
+        self.general_path_reason = None
+        begin = time.perf_counter()
+        arenas = self._flat.run(entry.plan, entry.weights, {**entry.data, **union_feeds})
+        located = [entry.plan.locations[name] for name in wanted]
+        seconds["execute"] = time.perf_counter() - begin
+        self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=len(entry.plan.steps),
+                                  seconds=seconds)
+        width = len(names)
+        values = [arenas[arena][row, ...] for arena, row in located]  # views of this run's arenas
+        return [values[k * width:(k + 1) * width] for k in range(len(checked))]
 
     def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
         """The batched graph for these instances (what ``run_batch`` runs), with its report."""

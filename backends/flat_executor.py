@@ -56,13 +56,14 @@ class FlatExecutor:
             runner = template.runners[self.backend_key] = self.prepare(template.graph)
         return runner
 
-    def run(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """The arenas once every step has run; ``plan.locations`` says where each value is."""
+    def run(self, plan: FlatPlan, weights: Mapping[str, np.ndarray], literals: Mapping[str, Any]) -> list[np.ndarray]:
+        """The arenas once every step has run; ``plan.locations`` says where each value is.
+        ``literals``: the value of every literal the plan names (a plan may serve many runs)."""
         arenas = []
-        for (elem_type, shape), rows, literals in zip(plan.kinds, plan.rows, plan.literals):
+        for (elem_type, shape), rows, names in zip(plan.kinds, plan.rows, plan.literals):
             arena = np.empty((rows, *shape), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
-            if literals:
-                arena[:len(literals)] = np.stack(literals)
+            if names:
+                arena[:len(names)] = np.stack([literals[name] for name in names])
             arenas.append(arena)
         for step in plan.steps:
             stacked = [arenas[a][rows] if isinstance(rows, slice) else arenas[a].take(rows, axis=0)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from onnx import AttributeProto
+from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
@@ -34,14 +34,21 @@ from autobatch.batcher.problem import Problem, problem_from
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, NONDETERMINISTIC, GraphEmitter
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
-from autobatch.batcher.signature import attributes_key
+from autobatch.batcher.signature import attributes_key, shared_values
 from autobatch.ir import Graph, Node, ValueType
+from autobatch.ir.types import MISSING
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
 # where rules may read it; larger ones (weights) are template inputs, fed at run time.
 BAKED_SIZE = 64
 TEMPLATE_CACHE_SIZE = 4096
 SUM_OF_TERMS = "sum of terms"
+# Element types an arena holds as a plain NumPy array (the others need ml_dtypes conversions).
+ARENA_TYPES = frozenset({
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8,
+    TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
+    TensorProto.UINT32, TensorProto.UINT64,
+})
 
 
 class NotFlat(Exception):
@@ -104,7 +111,7 @@ class Step:
 class FlatPlan:
     kinds: list[Kind]
     rows: list[int]  # rows of each arena
-    literals: list[list[np.ndarray]]  # per arena: the data placed in its first rows
+    literals: list[list[str]]  # per arena: the literals placed in its first rows (values given at run time)
     steps: list[Step]
     locations: dict[str, tuple[int, int]]  # wanted value -> (arena, row)
     report: BatchReport
@@ -152,7 +159,7 @@ class _Planner:
         self.opsets = opsets
         self.kinds: dict[Kind, int] = {}
         self.rows: list[int] = []
-        self.literal_rows: list[list[np.ndarray]] = []
+        self.literal_rows: list[list[str]] = []
         self.location: dict[str, tuple[int, int]] = {}  # per-instance value -> (arena, row)
         self._place_literals()
         self.classes: list[tuple] = []
@@ -200,7 +207,7 @@ class _Planner:
             arena = known[1]
             self.location[name] = (arena, self.rows[arena])
             self.rows[arena] += 1
-            self.literal_rows[arena].append(array)
+            self.literal_rows[arena].append(name)
 
     @staticmethod
     def _sum_key(record: TraceRecord) -> tuple | None:
@@ -215,6 +222,9 @@ class _Planner:
     def arena(self, kind: Kind) -> int:
         index = self.kinds.get(kind)
         if index is None:
+            if kind[0] not in ARENA_TYPES:
+                raise NotFlat(f"no arena for {helper.tensor_dtype_to_np_dtype(kind[0])} values "
+                              "(float8, 4-bit and bfloat16 types take the general path)")
             index = self.kinds[kind] = len(self.rows)
             self.rows.append(0)
             self.literal_rows.append([])
@@ -240,7 +250,7 @@ class _Planner:
             raise NotFlat(f"no batching rule takes {record.op_type} here")
         node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
                     list(record.outputs), 0, "")
-        built, reads_size = _build_template(node, specs, baked, [t.shape for t in record.types],
+        built, reads_size = _build_template(node, specs, baked, [t.shape if t else () for t in record.types],
                                             self.functions, self.opsets, size or 2)
         if reads_size and not per_size:  # from now on kept per N
             _templates[base] = _PER_SIZE
@@ -265,11 +275,12 @@ class _Planner:
                 specs.append(("x", entry.elem_type, entry.shape))
                 continue
             array = np.asarray(self.weights[name])
+            dtype = array.dtype  # the dtype itself: ml_dtypes types (int4, int2) share a dtype.str
             if array.size <= BAKED_SIZE:
-                specs.append(("k", array.dtype.str, array.shape, array.tobytes()))
+                specs.append(("k", dtype, array.shape, array.tobytes()))
                 baked[i] = array
             else:
-                specs.append(("w", array.dtype.str, array.shape))
+                specs.append(("w", dtype, array.shape))
         return tuple(specs), baked
 
     # ------------------------------------------------------------------ steps
@@ -305,6 +316,65 @@ class _Planner:
         rows = itertools.repeat(start) if once else range(start, start + len(members))
         self.location.update(zip(names, zip(itertools.repeat(arena), rows)))
         return arena, start
+
+
+@dataclass(slots=True)
+class GraphRecord:
+    """A node of an IR graph seen as a trace record (see ``TraceRecord``)."""
+
+    op_type: str
+    domain: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, AttributeProto]
+    types: list[ValueType | None]
+    entries: tuple
+    key: tuple
+    preds: list[int]
+
+
+@dataclass
+class GraphRecords:
+    """An IR graph (usually the union of many instances) as ``plan_records`` takes it:
+    ``weights`` its shared constants, ``data`` its per-instance constants (the graph inputs
+    are per-instance data too), ``producer`` the record making each node output."""
+
+    records: list[GraphRecord]
+    weights: dict[str, np.ndarray]
+    data: dict[str, np.ndarray]
+    producer: dict[str, int]
+
+
+def graph_records(graph: Graph) -> GraphRecords:
+    """The nodes of ``graph`` in topological order as records; ``NotFlat`` for a graph the flat
+    path does not take (subgraphs, values computed outside any instance, types not known)."""
+    shared = shared_values(graph)
+    order = graph.topological_order()
+    producer: dict[str, int] = {}
+    records = []
+    for i, node in enumerate(order):
+        if node.instance is None:
+            raise NotFlat(f"{node} is computed once for every instance")
+        if any(True for _ in node.subgraphs()):
+            raise NotFlat(f"{node} has a subgraph")
+        entries = tuple(MISSING if not name else name if name in shared else _static(graph, name)
+                        for name in node.inputs)
+        types = [_static(graph, name) if name else None for name in node.outputs]  # None: output not wanted
+        preds = sorted({producer[name] for name in node.inputs if name in producer})
+        records.append(GraphRecord(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
+                                   entries, (node.domain, node.op_type, id(node.attributes), entries), preds))
+        producer.update((name, i) for name in node.outputs if name)
+    constants = graph.initializers()
+    weights = {name: array for name, array in constants.items() if name in shared}
+    data = {name: array for name, array in constants.items() if name not in shared}
+    return GraphRecords(records, weights, data, producer)
+
+
+def _static(graph: Graph, name: str) -> ValueType:
+    vtype = graph.values[name].type
+    if vtype is None or not vtype.is_tensor or not vtype.is_static:
+        raise NotFlat(f"value {name!r} has type {vtype!r}, not a static tensor type")
+    return vtype
 
 
 def _live(records: Sequence[TraceRecord], producers: Sequence[int]) -> tuple[Sequence[TraceRecord], list[list[int]]]:
@@ -355,12 +425,14 @@ def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_
             graph.add_input(f"x{i}", ValueType.tensor(spec[1], ["N", *spec[2]]))
             operands.append(Operand(f"x{i}", True, spec[2]))
         elif spec[0] == "w":
-            graph.add_input(f"w{i}", ValueType.tensor(np.dtype(spec[1]), spec[2]))
+            graph.add_input(f"w{i}", ValueType.tensor(spec[1], spec[2]))
             operands.append(Operand(f"w{i}", False, spec[2]))
         else:
             graph.add_initializer(f"k{i}", baked[i])
             operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
     stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
+    if any(0 in operands[i].shape for i in stacked) or any(0 in shape for shape in out_shapes):
+        return None, False  # a 0 in a Reshape's shape copies a dimension: empty values are not stacked
     emit = _SizeWatchingEmitter(graph, size)
     results: list[str] | None
     if not stacked:  # duplicates: the op once, on the shared operands

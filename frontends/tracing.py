@@ -380,7 +380,7 @@ class Batch:
         self.general_path_reason = None
         self.reports.append(plan.report)
         self.last_plan = plan
-        arenas = self._flat.run(plan, self._weights)
+        arenas = self._flat.run(plan, self._weights, self._literals)
         return [arenas[arena][row, ...] for arena, row in map(plan.locations.__getitem__, names)]  # views, 0-d too
 
     def _run_graph(self, records: list[_Record], needed: set[str], names: list[str]) -> list[np.ndarray]:

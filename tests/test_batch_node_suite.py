@@ -1,7 +1,8 @@
 """The ONNX backend node test cases, run with several instances at once.
 
 For every node case whose op has a batching rule, K instances (float inputs perturbed by a
-little seeded noise, other inputs as they are) go through ``InferenceSession.run_batch``; each
+little seeded noise, other inputs as they are) go through ``InferenceSession.run_batch``, by
+the flat path (where it applies) and by the general path, on both backends; each
 instance's outputs must equal that instance run alone with ``InferenceSession.run`` (the
 correctness contract: exact for integers and booleans, rtol 1e-5 / atol 1e-6 for floats unless
 the case's own tolerance is looser). The counts are printed at the end of the module.
@@ -33,7 +34,8 @@ def _load_cases() -> list:
 
 
 CASES = _load_cases()
-SUMMARY = {"ran": 0, "skipped": 0, "batched_launches": 0, "instances_nodes": 0, "fallback_nodes": 0}
+SUMMARY = {"ran": 0, "skipped": 0, "batched_launches": 0, "instances_nodes": 0, "fallback_nodes": 0,
+           "flat_asked": 0, "flat_taken": 0}
 
 
 def _as_array(value):
@@ -102,9 +104,10 @@ PARAMS = [
 ]
 
 
+@pytest.mark.parametrize("path", ["flat", "general"])
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize(("case", "variant"), PARAMS)
-def test_batched_equals_alone(case, variant: str, backend: str) -> None:
+def test_batched_equals_alone(case, variant: str, backend: str, path: str) -> None:
     model = case.model
     initializers = {t.name for t in model.graph.initializer}
     input_names = [v.name for v in model.graph.input if v.name not in initializers]
@@ -131,7 +134,7 @@ def test_batched_equals_alone(case, variant: str, backend: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            session = InferenceSession(model, backend=backend)
+            session = InferenceSession(model, backend=backend, flat=path == "flat")
             for feeds in feeds_list:
                 alone.append(session.run(None, feeds))
         except Exception as error:  # noqa: BLE001 - the unbatched oracle itself cannot run this case
@@ -149,6 +152,9 @@ def test_batched_equals_alone(case, variant: str, backend: str) -> None:
     SUMMARY["batched_launches"] += report.launches
     SUMMARY["instances_nodes"] += report.nodes
     SUMMARY["fallback_nodes"] += report.fallback_nodes
+    if path == "flat":
+        SUMMARY["flat_asked"] += 1
+        SUMMARY["flat_taken"] += session.general_path_reason is None
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -159,7 +165,8 @@ def _print_summary(request: pytest.FixtureRequest):
         f"batched node suite (K={K}): {len(RULES)} ops with native rules, {len(ops)} of them in the suite; "
         f"{len(CASES)} cases selected, {len(PARAMS)} runs with shared-input variants: {SUMMARY['ran']} ran, {SUMMARY['skipped']} skipped; "
         f"{SUMMARY['instances_nodes']} nodes in {SUMMARY['batched_launches']} launches, "
-        f"{SUMMARY['fallback_nodes']} nodes ran one at a time"
+        f"{SUMMARY['fallback_nodes']} nodes ran one at a time; the flat path took {SUMMARY['flat_taken']} of the "
+        f"{SUMMARY['flat_asked']} runs offered to it (the others: the general path)"
     )
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")

@@ -41,21 +41,28 @@ def test_run_batch_equals_run_alone_for_different_lengths(scheduler, backend):
     assert report.fallback_nodes == 0
 
 
-def test_stats_describe_the_last_run(backend):
-    session = autobatch.InferenceSession(MODEL, backend=backend)
+PHASES = {True: {"build", "analyse", "schedule", "plan", "execute"},  # the flat path
+          False: {"build", "analyse", "schedule", "rewrite", "prepare", "execute"}}  # the general path
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_stats_describe_the_last_run(backend, flat):
+    session = autobatch.InferenceSession(MODEL, backend=backend, flat=flat)
     session.run_batch(["s"], feeds([2, 2, 2, 2]))
     stats = session.stats
     assert stats.instances == 4
     # Same shapes: each of the 5 ops runs once for all four instances, reading the inputs
     # directly where they are already stacked in order.
     assert stats.report.nodes == 20 and stats.report.launches == 5 == stats.report.lower_bound
-    assert {"build", "analyse", "schedule", "rewrite", "prepare", "execute"} <= set(stats.seconds)
+    assert PHASES[flat] <= set(stats.seconds)
     assert "launches" in str(stats)
     assert not stats.plan_cached
+    assert session.general_path_reason is None
 
 
-def test_a_repeated_plan_is_reused(backend):
-    session = autobatch.InferenceSession(MODEL, backend=backend)
+@pytest.mark.parametrize("flat", [True, False])
+def test_a_repeated_plan_is_reused(backend, flat):
+    session = autobatch.InferenceSession(MODEL, backend=backend, flat=flat)
     first = feeds([2, 3, 2])
     expected = session.run_batch(None, first)
     assert not session.stats.plan_cached
@@ -66,17 +73,34 @@ def test_a_repeated_plan_is_reused(backend):
         for instance, outputs in zip(again, got):
             for alone, value in zip(session.run(None, instance), outputs):
                 np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
-    if backend == "onnxruntime":  # from the second use on: one whole-plan session call
+    if backend == "onnxruntime" and not flat:  # from the second use on: one whole-plan session call
         assert session.stats.launches == 1 and session.stats.sessions_created == 0
     assert len(expected) == 3
 
 
 def test_onnxruntime_segments_are_cached_across_plans():
-    session = autobatch.InferenceSession(MODEL, backend="onnxruntime")
+    session = autobatch.InferenceSession(MODEL, backend="onnxruntime", flat=False)
     session.run_batch(None, feeds([2, 3]))
     created = session.cache.stats.sessions_created
     session.run_batch(None, feeds([4, 5, 4]))  # another plan, same kinds of segments
     assert session.stats.sessions_created < created or session.stats.cache_hits > 0
+
+
+def test_a_new_mix_of_known_shapes_builds_no_template(backend):
+    from autobatch.batcher import flat
+
+    flat._templates.clear()  # far from the cache's size limit, whatever ran before
+    session = autobatch.InferenceSession(MODEL, backend=backend)
+    session.run_batch(None, feeds([2, 3]))
+    templates = dict(flat._templates)
+    mix = feeds([3, 2, 3, 3], seed=4)  # a plan of its own, from instance shapes seen before
+    got = session.run_batch(None, mix)
+    assert not session.stats.plan_cached and session.general_path_reason is None
+    assert flat._templates.keys() == templates.keys()
+    assert all(flat._templates[k] is templates[k] for k in templates)
+    for instance, outputs in zip(mix, got):
+        for alone, value in zip(session.run(None, instance), outputs):
+            np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
 
 
 def test_selected_outputs_and_order(backend):
