@@ -344,8 +344,11 @@ class Batch:
     def discard(self) -> None:
         """Forget everything pending without running it."""
         for tensor in (ref() for ref in self._pending):
-            if tensor is not None:
+            if tensor is not None and tensor.value is None:
                 tensor.producer = DISCARDED  # its record is gone: reading it again is an error
+        self._forget()
+
+    def _forget(self) -> None:
         self._records.clear()
         self._literals.clear()
         self._pending = []
@@ -355,7 +358,7 @@ class Batch:
         records: later ops read those values as data."""
         wanted = [t for t in (ref() for ref in self._pending) if t is not None and t.value is None]
         if not wanted:
-            self.discard()
+            self._forget()
             return
         names = [t.name for t in wanted]
         with gc_paused():
@@ -364,7 +367,7 @@ class Batch:
                 values = self._run_graph(*self.records_for(names), names)
         for tensor, value in zip(wanted, values):
             tensor.value = value
-        self.discard()
+        self._forget()  # every pending tensor still held now has its value
 
     def _run_flat(self, producers: list[int], names: list[str]) -> list[np.ndarray] | None:
         """Values of ``names`` (made by the records at ``producers``) by the flat path, or None
