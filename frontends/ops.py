@@ -181,7 +181,9 @@ def reshape(x: Operand, shape: Sequence[int]) -> Tensor:
     target = tuple(int(d) for d in shape)
     if int(np.prod(target)) != int(np.prod(t.shape)) or any(d < 0 for d in target):
         raise TraceError(f"Reshape: {t.shape} cannot become {target}")
-    return t.batch.record("Reshape", [t, t.batch.shared_constant(target)], [target], [t.dtype])[0]
+    # A 0 here means a dimension of size 0; ONNX reads it as "copy the input's" unless allowzero.
+    attrs = attributes(allowzero=1) if 0 in target else None
+    return t.batch.record("Reshape", [t, t.batch.shared_constant(target)], [target], [t.dtype], attrs)[0]
 
 
 def transpose(x: Operand, perm: Sequence[int] | None = None) -> Tensor:

@@ -275,3 +275,13 @@ def test_equal_python_scalars_share_one_literal_and_keep_their_type_and_sign(fla
     for k, value in enumerate(values[:9]):
         np.testing.assert_array_equal(value, table.array[k % 3])
     assert values[9] == np.inf and values[10] == -np.inf
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_reshape_to_a_shape_with_a_zero_dimension(backend: str) -> None:
+    with Batch(backend=backend) as batch:
+        empties = [ops.reshape(batch.constant(np.zeros(0, np.float32)), (3, 0)) for _ in range(2)]
+        full = ops.reshape(batch.constant(np.arange(6, dtype=np.float32)), (2, 3))
+        values = batch.run([*empties, full])
+    assert all(v.shape == (3, 0) for v in values[:2])
+    np.testing.assert_array_equal(values[2], np.arange(6, dtype=np.float32).reshape(2, 3))
