@@ -31,7 +31,7 @@ from onnx import AttributeProto, TensorProto, helper
 from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import Problem, problem_from
-from autobatch.batcher.rewrite import MIN_STACKING_OPSET, NONDETERMINISTIC, GraphEmitter
+from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter, is_nondeterministic
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
 from autobatch.batcher.signature import attributes_key, shared_values
@@ -185,8 +185,9 @@ class _Planner:
             for name, vtype in zip(record.outputs, record.types):  # static: stacked in arenas
                 if name and (not vtype.is_tensor or not vtype.is_static):
                     raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
-            if record.op_type in NONDETERMINISTIC and not record.domain:
-                raise NotFlat(f"{record.op_type} differs on every run; it runs alone")
+            if is_nondeterministic(record.op_type, record.domain, self.functions):
+                raise NotFlat(f"{record.op_type} differs on every run (a random op, or a cell calling one); "
+                              "it runs alone")
             signature = (record.domain, record.op_type, attributes_key(record.attributes), record.entries,
                          tuple(map(bool, record.outputs)))
         cls = self.class_of.get(signature)

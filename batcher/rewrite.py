@@ -9,11 +9,12 @@ per-instance (unstacked) form of a value, so graph outputs keep their names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from onnx import FunctionProto
 
 from autobatch.batcher.functions import rule_for
 from autobatch.batcher.rules import Operand, Shape
@@ -105,9 +106,17 @@ def output_shapes(graph: Graph, node: Node) -> list[Shape]:
     return [tuple(graph.values[o].type.shape) if o else () for o in node.outputs]
 
 
+def is_nondeterministic(op_type: str, domain: str, functions: Mapping[tuple[str, str], FunctionProto]) -> bool:
+    """Whether every run of the op may differ: a random op, or a function calling one."""
+    if not domain:
+        return op_type in NONDETERMINISTIC
+    function = functions.get((domain, op_type))
+    return function is not None and any(is_nondeterministic(n.op_type, n.domain, functions) for n in function.node)
+
+
 def has_rule(graph: Graph, node: Node) -> bool:
     """Whether the op's rule batches this node's signature class (decided on a dry run)."""
-    if node.op_type in NONDETERMINISTIC:
+    if is_nondeterministic(node.op_type, node.domain, graph.functions):
         return False
     if sum_of_terms(graph, node):
         return True

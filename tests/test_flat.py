@@ -708,3 +708,22 @@ def test_reading_a_discarded_value_is_a_clear_error_and_the_batch_stays_usable()
             ops.sigmoid(lost)
         x = _f32(D)
         assert_same(batch.run([ops.tanh(batch.constant(x))])[0], np.tanh(x))
+
+
+@cell
+def noisy(x):  # a cell calling a random op: every call must draw anew
+    from autobatch.frontends import current_batch
+
+    return current_batch().record("RandomNormalLike", [x], [x.shape], [x.dtype])[0] + x
+
+
+@pytest.mark.parametrize("flat_path", [True, False])
+def test_a_cell_calling_a_random_op_is_neither_batched_nor_merged(flat_path):
+    with Batch(flat=flat_path) as batch:
+        shared = batch.parameter(F["S"])  # the same input for every instance: duplicates, if random were ignored
+        draws = batch.run([noisy(shared) for _ in range(4)])
+    if flat_path:
+        assert "differs on every run" in batch.general_path_reason
+    report = batch.reports[-1]
+    assert report.merged_duplicates == 0 and report.launches == 4
+    assert len({v.tobytes() for v in draws}) == 4  # four independent draws
