@@ -355,16 +355,21 @@ class Batch:
 
     def run_pending(self) -> None:
         """Batch and run every pending op that leads to a value still held, then forget the
-        records: later ops read those values as data."""
+        records: later ops read those values as data. When the run fails, everything pending
+        is discarded (reading it later says so) and the batch stays usable."""
         wanted = [t for t in (ref() for ref in self._pending) if t is not None and t.value is None]
         if not wanted:
             self._forget()
             return
         names = [t.name for t in wanted]
-        with gc_paused():
-            values = self._run_flat([t.producer for t in wanted], names) if self._flat is not None else None
-            if values is None:
-                values = self._run_graph(*self.records_for(names), names)
+        try:
+            with gc_paused():
+                values = self._run_flat([t.producer for t in wanted], names) if self._flat is not None else None
+                if values is None:
+                    values = self._run_graph(*self.records_for(names), names)
+        except Exception:
+            self.discard()
+            raise
         for tensor, value in zip(wanted, values):
             tensor.value = value
         self._forget()  # every pending tensor still held now has its value
@@ -381,19 +386,19 @@ class Batch:
             self.general_path_reason = str(why)
             return None
         self.general_path_reason = None
+        arenas = self._flat.run(plan, self._weights, self._literals)
         self.reports.append(plan.report)
         self.last_plan = plan
-        arenas = self._flat.run(plan, self._weights, self._literals)
         return [arenas[arena][row, ...] for arena, row in map(plan.locations.__getitem__, names)]  # views, 0-d too
 
     def _run_graph(self, records: list[_Record], needed: set[str], names: list[str]) -> list[np.ndarray]:
         from autobatch.batcher import BatchingPass
 
         result = BatchingPass(self.scheduler, as_rows=True)(self._graph(records, needed, names))
-        self.reports.append(result.report)
-        self.last_plan = result
         outputs = list(result.graph.outputs)
         values = dict(zip(outputs, self._make_runner(result.graph).run({}, outputs)))
+        self.reports.append(result.report)
+        self.last_plan = result
         located = (result.locations[name] for name in names)
         return [values[source] if row is None else values[source][row, ...] for source, row in located]  # views
 
