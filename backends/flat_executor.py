@@ -66,7 +66,8 @@ class FlatExecutor:
                 arena[:len(names)] = np.stack([literals[name] for name in names])
             arenas.append(arena)
         for step in plan.steps:
-            stacked = [arenas[a][rows] if isinstance(rows, slice) else arenas[a].take(rows, axis=0)
+            # A slice is a view; an index array one gather; an int one member's row (0-d views too).
+            stacked = [arenas[a].take(rows, axis=0) if isinstance(rows, np.ndarray) else arenas[a][rows, ...]
                        for a, rows in step.reads]
             template = step.template
             if template is None:  # a sum of terms: each member's run of rows, added in order

@@ -12,9 +12,10 @@ Arenas: every per-instance value of one (dtype, shape) lives in one array, a row
 Gathering the children of Tree-LSTM nodes made by many earlier steps is then one ``take``,
 not a gather per source batch plus a concat.
 
-A batch this path does not cover raises ``NotFlat`` naming why (an op no rule batches, such
-as one with a subgraph; a nondeterministic op; a type that is not static), and the caller
-takes the general path, which handles everything.
+An op no rule batches, or a nondeterministic one, runs once per instance (a *solo* template:
+the op itself). A batch this path does not cover raises ``NotFlat`` naming why (a subgraph, a
+type that is not static, a value type no arena holds), and the caller takes the general path,
+which handles everything.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
-from autobatch.batcher.problem import Problem, problem_from
+from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter, is_nondeterministic
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
@@ -81,12 +82,14 @@ Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-i
 class Template:
     """One signature class batched by its rule. Inputs: ``x{i}`` for stacked operand i
     (``[N, *shape]``), ``w{i}`` for a shared operand fed as it is. Outputs ``[N, *shape]``,
-    or a single value when ``once`` (every operand shared: the members are duplicates)."""
+    or a single value when ``once`` (every operand shared: the members are duplicates). A
+    ``solo`` template is the op itself, run for one member at a time (also ``once``)."""
 
     graph: Graph
     stacked: list[int]
     fed: list[int]
     once: bool
+    solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
     keep_alive: Any = None  # the function proto whose id is part of the cache key
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
@@ -101,7 +104,7 @@ class Step:
 
     template: Template | None
     size: int
-    reads: list[tuple[int, slice | np.ndarray]]  # per stacked operand: arena, rows
+    reads: list[tuple[int, slice | np.ndarray | int]]  # per stacked operand: arena, rows (a solo step: one row)
     weights: list[str]  # per fed operand: the shared value's name
     writes: list[tuple[int, int]]  # per output: arena, first row
     offsets: np.ndarray | None = None
@@ -138,14 +141,16 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     analysed = time.perf_counter()
     schedule = get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
-    steps = [planner.step([records[i] for i in group], int(problem.sig[group[0]])) for group in schedule]
+    steps = [planner.step([records[i] for i in group], planner.record_class[group[0]]) for group in schedule]
     locations = {name: planner.location[name] for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for _, rows in step.reads]
-    gathers = sum(not isinstance(rows, slice) for rows in reads)
+    gathers = sum(isinstance(rows, np.ndarray) for rows in reads)
+    views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
-    report = BatchReport(scheduler, problem.size, len(schedule), problem.lower_bound(), 0, gathers,
-                         len(reads) - gathers, merged,
+    alone = int(np.count_nonzero(problem.sig == UNBATCHABLE))
+    report = BatchReport(scheduler, problem.size, len(schedule), problem.lower_bound(), alone, gathers,
+                         views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled})
     return FlatPlan(list(planner.kinds), planner.rows, planner.literal_rows, steps, locations, report)
 
@@ -164,18 +169,22 @@ class _Planner:
         self._place_literals()
         self.classes: list[tuple] = []
         self.class_of: dict[tuple, int] = {}  # a signature -> its class
+        self.record_class: list[int] = []  # per record (live ones, in order): its class
         self.templates: list[Template | str | None] = []  # per class; None for sums of terms
 
     # ------------------------------------------------------------------ signing
     def sign(self, records: Sequence[TraceRecord], preds: list[list[int]]) -> Problem:
         """Signature classes (with their templates) of the records, and the problem."""
         class_of: dict[tuple, int] = {}  # a record key -> its class
-        sig = np.empty(len(records), dtype=np.int64)
-        for i, record in enumerate(records):
+        record_class = self.record_class
+        for record in records:
             cls = class_of.get(record.key)
             if cls is None:
                 cls = class_of[record.key] = self._class(record)
-            sig[i] = cls
+            record_class.append(cls)
+        solo = np.array([isinstance(t, Template) and t.solo for t in self.templates], dtype=bool)
+        sig = np.array(record_class, dtype=np.int64)
+        sig[solo[sig]] = UNBATCHABLE  # the schedulers run these one by one, and the bound counts them so
         return problem_from(list(range(len(records))), sig, preds, self.classes)
 
     def _class(self, record: TraceRecord) -> int:
@@ -185,16 +194,18 @@ class _Planner:
             for name, vtype in zip(record.outputs, record.types):  # static: stacked in arenas
                 if name and (not vtype.is_tensor or not vtype.is_static):
                     raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
-            if is_nondeterministic(record.op_type, record.domain, self.functions):
-                raise NotFlat(f"{record.op_type} differs on every run (a random op, or a cell calling one); "
-                              "it runs alone")
             signature = (record.domain, record.op_type, attributes_key(record.attributes), record.entries,
                          tuple(map(bool, record.outputs)))
         cls = self.class_of.get(signature)
         if cls is None:
             cls = self.class_of[signature] = len(self.classes)
             self.classes.append(signature)
-            self.templates.append(None if signature[2] == SUM_OF_TERMS else self._template(record, None))
+            if signature[2] == SUM_OF_TERMS:
+                self.templates.append(None)
+            elif is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
+                self.templates.append(self._template(record, None, solo=True))
+            else:
+                self.templates.append(self._template(record, None) or self._template(record, None, solo=True))
         return cls
 
     def _place_literals(self) -> None:
@@ -232,27 +243,28 @@ class _Planner:
         return index
 
     # ------------------------------------------------------------------ templates
-    def _template(self, record: TraceRecord, size: int | None) -> Template | str:
-        """The class's template from the cache, built on a miss. ``size`` is asked for only
-        once a rule has shown that it reads N."""
+    def _template(self, record: TraceRecord, size: int | None, solo: bool = False) -> Template | str | None:
+        """The class's template from the cache, built on a miss; None when no rule batches it
+        (then a ``solo`` template runs the op for one member at a time). ``size`` is asked for
+        only once a rule has shown that it reads N."""
         specs, baked = self._operand_specs(record)
         function = self.functions.get((record.domain, record.op_type)) if record.domain else None
         version = self.opsets.get(record.domain, 1)
         base = (record.domain, record.op_type, version, attributes_key(record.attributes), id(function), specs,
-                tuple(map(bool, record.outputs)))
+                tuple(map(bool, record.outputs)), solo)
         per_size = _templates.get(base) == _PER_SIZE
         if per_size and size is None:
             return _PER_SIZE  # resolved per step
         key = base + (size,) if per_size else base
-        cached = _templates.get(key)
-        if cached is not None:
-            return cached
         if key in _templates:
-            raise NotFlat(f"no batching rule takes {record.op_type} here")
+            return _templates[key]
         node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
                     list(record.outputs), 0, "")
-        built, reads_size = _build_template(node, specs, baked, [t.shape if t else () for t in record.types],
-                                            self.functions, self.opsets, size or 2)
+        if solo:
+            built, reads_size = _build_solo(node, specs, baked, self.functions, self.opsets), False
+        else:
+            built, reads_size = _build_template(node, specs, baked, [t.shape if t else () for t in record.types],
+                                                self.functions, self.opsets, size or 2)
         if reads_size and not per_size:  # from now on kept per N
             _templates[base] = _PER_SIZE
             if size is None:
@@ -261,8 +273,6 @@ class _Planner:
         if built is not None:
             built.keep_alive = function
         _templates[key] = built
-        if built is None:
-            raise NotFlat(f"no batching rule takes {record.op_type} with inputs {specs}")
         return built
 
     def _operand_specs(self, record: TraceRecord) -> tuple[tuple, dict[int, np.ndarray]]:
@@ -294,8 +304,12 @@ class _Planner:
             return Step(None, len(members), [self._rows(terms)], [], [self._write(members, 0, False)], offsets)
         if isinstance(template, str):  # _PER_SIZE
             template = self._template(first, len(members))
-            assert isinstance(template, Template)
-        reads = [self._rows([member.inputs[i] for member in members]) for i in template.stacked]
+            if not isinstance(template, Template):
+                raise NotFlat(f"no batching rule takes {first.op_type} for {len(members)} instances")
+        if template.solo:  # one member: its own rows, not stacks
+            reads = [self.location[first.inputs[i]] for i in template.stacked]
+        else:
+            reads = [self._rows([member.inputs[i] for member in members]) for i in template.stacked]
         writes = [self._write(members, k, template.once) for k, name in enumerate(first.outputs) if name]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
@@ -376,6 +390,32 @@ def _static(graph: Graph, name: str) -> ValueType:
     if vtype is None or not vtype.is_tensor or not vtype.is_static:
         raise NotFlat(f"value {name!r} has type {vtype!r}, not a static tensor type")
     return vtype
+
+
+def _build_solo(node: Node, specs: tuple, baked: dict[int, np.ndarray], functions: Functions,
+                opsets: Mapping[str, int]) -> Template:
+    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape)."""
+    graph = Graph(f"solo_{node.op_type}", opsets)
+    names = []
+    for i, spec in enumerate(specs):
+        if spec is None:
+            names.append("")
+            continue
+        name = f"{spec[0]}{i}"
+        if spec[0] == "k":
+            graph.add_initializer(name, baked[i])
+        else:
+            graph.add_input(name, ValueType.tensor(spec[1], spec[2]))
+        names.append(name)
+    outputs = [f"y{k}" if name else "" for k, name in enumerate(node.outputs)]
+    graph.add_node(node.op_type, names, outputs, node.attributes, domain=node.domain, version=node.version)
+    for name in outputs:
+        if name:
+            graph.add_output(name)
+    if node.domain:
+        graph.functions = dict(functions)
+    return Template(graph, [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "x"],
+                    [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"], once=True, solo=True)
 
 
 def _live(records: Sequence[TraceRecord], producers: Sequence[int]) -> tuple[Sequence[TraceRecord], list[list[int]]]:
