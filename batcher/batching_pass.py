@@ -36,7 +36,7 @@ class BatchReport:
         return (
             f"{self.nodes} nodes -> {self.launches} launches ({self.scheduler}); lower bound "
             f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time "
-            f"(no rule); {self.gathers} gathers, {self.gathers_avoided} avoided; "
+            f"(no rule, or random); {self.gathers} gathers, {self.gathers_avoided} avoided; "
             f"{self.merged_duplicates} duplicates merged" + (f"; {timing}" if timing else "")
         )
 
