@@ -93,10 +93,6 @@ class Template:
     keep_alive: Any = None  # the function proto whose id is part of the cache key
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
-    @property
-    def outputs(self) -> list[str]:
-        return self.graph.outputs
-
 
 @dataclass
 class Step:
@@ -392,32 +388,6 @@ def _static(graph: Graph, name: str) -> ValueType:
     return vtype
 
 
-def _build_solo(node: Node, specs: tuple, baked: dict[int, np.ndarray], functions: Functions,
-                opsets: Mapping[str, int]) -> Template:
-    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape)."""
-    graph = Graph(f"solo_{node.op_type}", opsets)
-    names = []
-    for i, spec in enumerate(specs):
-        if spec is None:
-            names.append("")
-            continue
-        name = f"{spec[0]}{i}"
-        if spec[0] == "k":
-            graph.add_initializer(name, baked[i])
-        else:
-            graph.add_input(name, ValueType.tensor(spec[1], spec[2]))
-        names.append(name)
-    outputs = [f"y{k}" if name else "" for k, name in enumerate(node.outputs)]
-    graph.add_node(node.op_type, names, outputs, node.attributes, domain=node.domain, version=node.version)
-    for name in outputs:
-        if name:
-            graph.add_output(name)
-    if node.domain:
-        graph.functions = dict(functions)
-    return Template(graph, [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "x"],
-                    [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"], once=True, solo=True)
-
-
 def _live(records: Sequence[TraceRecord], producers: Sequence[int]) -> tuple[Sequence[TraceRecord], list[list[int]]]:
     """The records that lead to a wanted value (usually all), and their predecessors
     renumbered among them."""
@@ -453,33 +423,20 @@ class _SizeWatchingEmitter(GraphEmitter):
         self._size = size
 
 
+
 def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_shapes: list[tuple],
                     functions: Functions, opsets: Mapping[str, int], size: int) -> tuple[Template | None, bool]:
     """(template or None when no rule takes the class, whether the rule read N)."""
     graph = Graph(f"template_{node.op_type}", opsets)
     graph.functions = dict(functions)
-    operands: list[Operand | None] = []
-    for i, spec in enumerate(specs):
-        if spec is None:
-            operands.append(None)
-        elif spec[0] == "x":
-            graph.add_input(f"x{i}", ValueType.tensor(spec[1], ["N", *spec[2]]))
-            operands.append(Operand(f"x{i}", True, spec[2]))
-        elif spec[0] == "w":
-            graph.add_input(f"w{i}", ValueType.tensor(spec[1], spec[2]))
-            operands.append(Operand(f"w{i}", False, spec[2]))
-        else:
-            graph.add_initializer(f"k{i}", baked[i])
-            operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
+    operands = _template_inputs(graph, specs, baked, batched=True)
     stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
     if any(0 in operands[i].shape for i in stacked) or any(0 in shape for shape in out_shapes):
         return None, False  # a 0 in a Reshape's shape copies a dimension: empty values are not stacked
     emit = _SizeWatchingEmitter(graph, size)
     results: list[str] | None
     if not stacked:  # duplicates: the op once, on the shared operands
-        results = [f"y{k}" if name else "" for k, name in enumerate(node.outputs)]
-        graph.add_node(node.op_type, [o.name if o else "" for o in operands], results, node.attributes,
-                       domain=node.domain, version=node.version)
+        results = _op_itself(graph, node, operands)
     else:
         rule = rule_for(node, functions)
         try:
@@ -488,12 +445,60 @@ def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_
             results = None
         if results is None:
             return None, emit.read_size
+    _add_outputs(graph, node, results)
+    if all(not n.domain for n in graph.nodes.values()):
+        graph.functions = {}  # the rule expanded every call: a backend needs no function
+    return Template(graph, stacked, _fed(specs), once=not stacked), emit.read_size
+
+
+def _build_solo(node: Node, specs: tuple, baked: dict[int, np.ndarray], functions: Functions,
+                opsets: Mapping[str, int]) -> Template:
+    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape)."""
+    graph = Graph(f"solo_{node.op_type}", opsets)
+    if node.domain:
+        graph.functions = dict(functions)
+    operands = _template_inputs(graph, specs, baked, batched=False)
+    _add_outputs(graph, node, _op_itself(graph, node, operands))
+    stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
+    return Template(graph, stacked, _fed(specs), once=True, solo=True)
+
+
+def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], batched: bool) -> list[Operand | None]:
+    """The operands as template inputs: ``x{i}`` per instance (``[N, *shape]`` when ``batched``),
+    ``w{i}`` shared and fed at run time, ``k{i}`` shared and baked in."""
+    operands: list[Operand | None] = []
+    for i, spec in enumerate(specs):
+        if spec is None:
+            operands.append(None)
+        elif spec[0] == "x":
+            graph.add_input(f"x{i}", ValueType.tensor(spec[1], ["N", *spec[2]] if batched else spec[2]))
+            operands.append(Operand(f"x{i}", True, spec[2]))
+        elif spec[0] == "w":
+            graph.add_input(f"w{i}", ValueType.tensor(spec[1], spec[2]))
+            operands.append(Operand(f"w{i}", False, spec[2]))
+        else:
+            graph.add_initializer(f"k{i}", baked[i])
+            operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
+    return operands
+
+
+def _op_itself(graph: Graph, node: Node, operands: list[Operand | None]) -> list[str]:
+    results = [f"y{k}" if name else "" for k, name in enumerate(node.outputs)]
+    graph.add_node(node.op_type, [o.name if o else "" for o in operands], results, node.attributes,
+                   domain=node.domain, version=node.version)
+    return results
+
+
+def _add_outputs(graph: Graph, node: Node, results: list[str]) -> None:
+    """The wanted results as graph outputs, each a value of its own (not an input, a constant
+    or another output)."""
     for k, name in enumerate(results):
         if node.outputs[k]:
             if name in graph.inputs or name in graph.outputs or graph.values[name].const is not None:
-                name = emit.op("Identity", [name])[0]  # an output must be a value of its own
+                graph.add_node("Identity", [name], [f"out{k}"])
+                name = f"out{k}"
             graph.add_output(name)
-    if all(not n.domain for n in graph.nodes.values()):
-        graph.functions = {}  # the rule expanded every call: a backend needs no function
-    fed = [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"]
-    return Template(graph, stacked, fed, once=not stacked), emit.read_size
+
+
+def _fed(specs: tuple) -> list[int]:
+    return [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"]
