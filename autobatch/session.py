@@ -133,10 +133,14 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
+        # The union graph names instance k's values "i{k}/name".
+        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
+        wanted = [f"i{k}/{name}" for k in range(len(checked)) for name in names]
+        width = len(names)
         if self._flat is not None:
-            results = self._run_flat(key, checked, names, start)
-            if results is not None:
-                return results
+            values = self._run_flat(key, checked, union_feeds, wanted, start)
+            if values is not None:
+                return [values[k * width:(k + 1) * width] for k in range(len(checked))]
         plan = self._plans.get(key) if key is not None else None
         cached = plan is not None
         if plan is None:
@@ -153,8 +157,7 @@ class InferenceSession:
             plan.runner = self._runner(plan.graph, whole=True)
         before = (self.cache.stats.sessions_created, self.cache.stats.cache_hits) if self.backend == "onnxruntime" else (0, 0)
         start = time.perf_counter()
-        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
-        flat = plan.runner.run(union_feeds, [f"i{k}/{name}" for k in range(len(checked)) for name in names])
+        flat = plan.runner.run(union_feeds, wanted)
         seconds["execute"] = time.perf_counter() - start
         self.stats = SessionStats(len(checked), plan.report, cached, seconds=seconds)
         if isinstance(plan.runner, OrtExecutor):
@@ -163,14 +166,12 @@ class InferenceSession:
             self.stats.cache_hits = self.cache.stats.cache_hits - before[1]
         else:
             self.stats.launches = len(plan.runner.order)
-        width = len(names)
         return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
 
-    def _run_flat(self, key: tuple, checked: list[dict[str, Any]], names: list[str],
-                  start: float) -> list[list[np.ndarray]] | None:
-        """``run_batch`` by the flat path, or None (the reason kept) where it does not apply."""
-        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
-        wanted = [f"i{k}/{name}" for k in range(len(checked)) for name in names]
+    def _run_flat(self, key: tuple, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
+                  wanted: list[str], start: float) -> list[np.ndarray] | None:
+        """The ``wanted`` values of the union by the flat path, or None (the reason kept) where it
+        does not apply."""
         seconds: dict[str, float] = {}
         entry = self._flat_plans.get(key)
         cached = isinstance(entry, _FlatPlan)
@@ -198,9 +199,7 @@ class InferenceSession:
         seconds["execute"] = time.perf_counter() - begin
         self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=len(entry.plan.steps),
                                   seconds=seconds)
-        width = len(names)
-        values = [arenas[arena][row, ...] for arena, row in located]  # views of this run's arenas
-        return [values[k * width:(k + 1) * width] for k in range(len(checked))]
+        return [arenas[arena][row, ...] for arena, row in located]  # views of this run's arenas
 
     def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
         """The batched graph for these instances (what ``run_batch`` runs), with its report."""
@@ -237,10 +236,14 @@ class InferenceSession:
         return graph
 
 
-@functools.cache
-def shared_session_cache(threads: int = 0, providers: tuple[str, ...] | None = None) -> SessionCache:
+def shared_session_cache(threads: int = 0, providers: Sequence[str] | None = None) -> SessionCache:
     """One session cache (per thread count and providers) for every traced batch in this
     process: a segment compiled for one batch serves the next."""
+    return _session_cache(threads, tuple(providers) if providers is not None else None)
+
+
+@functools.cache
+def _session_cache(threads: int, providers: tuple[str, ...] | None) -> SessionCache:
     return SessionCache(providers, threads=threads)
 
 
@@ -251,7 +254,7 @@ def make_runner_factory(backend: str, threads: int = 0,
     if backend == "numpy":
         return Interpreter
     if backend == "onnxruntime":
-        cache = shared_session_cache(threads, tuple(providers) if providers is not None else None)
+        cache = shared_session_cache(threads, providers)
         return lambda graph: OrtExecutor(graph, cache)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
@@ -263,7 +266,7 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
     if backend == "numpy":
         return FlatExecutor(lambda graph: Interpreter(graph).run_trusted, (backend,))
     if backend == "onnxruntime":
-        cache = shared_session_cache(threads, tuple(providers) if providers is not None else None)
+        cache = shared_session_cache(threads, providers)
         if cache.on_cuda:
             return None
         return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers))
