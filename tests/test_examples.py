@@ -9,39 +9,12 @@ import numpy as np
 import pytest
 
 from autobatch import Batch, ProgramFailure, run_programs
-from autobatch.datasets import sst_trees, wikiner_sentences
-from autobatch.examples import bilstm_tagger, char_tagger, parser, tree_lstm
+from autobatch.datasets import wikiner_sentences
+from autobatch.examples import parser
+from tests.example_models import MODELS, model
 
 RTOL, ATOL = 1e-5, 1e-6
 FORMS = ("primitive", "cells")
-
-
-# ----------------------------------------------------------------------------- models and data
-def _tree_lstm():
-    trees, _ = sst_trees("dev", limit=6)
-    return tree_lstm, trees, tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=16)
-
-
-def _bilstm_tagger():
-    sentences, _ = wikiner_sentences(limit=6)
-    return bilstm_tagger, sentences, bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=16)
-
-
-def _char_tagger():
-    corpus, _ = wikiner_sentences(limit=400)  # word counts for the rare-word rule
-    words, chars, tags = char_tagger.make_vocabularies(corpus)
-    sentences = [s for s in corpus if len(s) <= 20][:6]
-    return char_tagger, sentences, char_tagger.make_params(words, chars, tags, size=16)
-
-
-MODELS = {"tree_lstm": _tree_lstm, "bilstm_tagger": _bilstm_tagger, "char_tagger": _char_tagger}
-_cache: dict = {}
-
-
-def model(name: str):
-    if name not in _cache:
-        _cache[name] = MODELS[name]()
-    return _cache[name]
 
 
 def batched(loss, instances, params, backend="numpy"):
@@ -60,6 +33,9 @@ def alone(loss, instances, params, backend="numpy"):
             values.append(np.array(batch.run([loss(x, params)])[0]))
         reports.append(batch.reports[-1])
     return values, reports
+
+
+_cache: dict = {}
 
 
 def results(name: str, form: str):

@@ -22,9 +22,9 @@ from onnx import TensorProto, helper
 from autobatch import Batch, Parameter, TraceError, cell, ops
 from autobatch.batcher import SCHEDULERS, PassResult, flat
 from autobatch.batcher.flat import FlatPlan
-from autobatch.datasets import Tree, sst_trees, wikiner_sentences
-from autobatch.examples import bilstm_tagger, tree_lstm
+from autobatch.datasets import Tree
 from autobatch.frontends.tracing import attributes
+from tests.example_models import model
 
 RTOL, ATOL = 1e-5, 1e-6
 BACKENDS = ("numpy", "onnxruntime")
@@ -84,40 +84,24 @@ def assert_general_ran(batch):
 
 
 # ----------------------------------------------------------------------------- 1. the examples
-def _tree_lstm():
-    trees, _ = sst_trees("dev", limit=5)
-    return tree_lstm, trees, tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=16)
-
-
-def _bilstm_tagger():
-    sentences, _ = wikiner_sentences(limit=5)
-    return bilstm_tagger, sentences, bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=16)
-
-
-EXAMPLES = {"tree_lstm": _tree_lstm, "bilstm_tagger": _bilstm_tagger}
-_cache: dict = {}
-
-
-def example(name):
-    if name not in _cache:
-        _cache[name] = EXAMPLES[name]()
-    return _cache[name]
+EXAMPLES = ("tree_lstm", "bilstm_tagger")
+_alone: dict = {}
 
 
 def example_alone(name, form):
-    key = (name, form, "alone")
-    if key not in _cache:
-        module, instances, params = example(name)
+    key = (name, form)
+    if key not in _alone:
+        module, instances, params = model(name)
         loss = module.LOSSES[form]
-        _cache[key] = alone(lambda batch, x: loss(x, params), instances)
-    return _cache[key]
+        _alone[key] = alone(lambda batch, x: loss(x, params), instances)
+    return _alone[key]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("form", ["primitive", "cells"])
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_examples_flat_equals_general_equals_alone(name, form, backend):
-    module, instances, params = example(name)
+    module, instances, params = model(name)
     loss = module.LOSSES[form]
     fn = lambda batch, x: loss(x, params)
     on_flat, flat_batch = batched(fn, instances, backend=backend)
@@ -416,7 +400,7 @@ def _relabelled(tree: Tree, words: dict[str, str]) -> Tree:
 
 @pytest.mark.parametrize("form", ["primitive", "cells"])
 def test_tree_lstm_templates_are_cached_across_batches(form):
-    module, trees, params = example("tree_lstm")
+    module, trees, params = model("tree_lstm")
     loss = module.LOSSES[form]
     fn = lambda batch, t: loss(t, params)
     words = sorted({leaf.word for t in trees for leaf in t.leaves()})
