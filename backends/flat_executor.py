@@ -9,6 +9,7 @@ steps a minibatch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -56,29 +57,44 @@ class FlatExecutor:
             runner = template.runners[self.backend_key] = self.prepare(template.graph)
         return runner
 
-    def run(self, plan: FlatPlan, weights: Mapping[str, np.ndarray], literals: Mapping[str, Any]) -> list[np.ndarray]:
+    def run(self, plan: FlatPlan, weights: Mapping[str, np.ndarray], literals: Mapping[str, Any],
+            seconds: dict[str, float] | None = None) -> list[np.ndarray]:
         """The arenas once every step has run; ``plan.locations`` says where each value is.
-        ``literals``: the value of every literal the plan names (a plan may serve many runs)."""
+        ``literals``: the value of every literal the plan names (a plan may serve many runs).
+        ``seconds`` receives the time spent in gathers (literals placed, operands stacked),
+        template runs (kernels, with the backend's own call overhead) and arena writes."""
+        clock = time.perf_counter
+        start = clock()
         arenas = []
         for (elem_type, shape), rows, names in zip(plan.kinds, plan.rows, plan.literals):
             arena = np.empty((rows, *shape), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
             if names:
                 arena[:len(names)] = np.stack([literals[name] for name in names])
             arenas.append(arena)
+        gather = clock() - start
+        kernels = scatter = 0.0
         for step in plan.steps:
+            begin = clock()
             # A slice is a view; an index array one gather; an int one member's row (0-d views too).
             stacked = [arenas[a].take(rows, axis=0) if isinstance(rows, np.ndarray) else arenas[a][rows, ...]
                        for a, rows in step.reads]
             template = step.template
+            gathered = clock()
             if template is None:  # a sum of terms: each member's run of rows, added in order
                 outputs = [np.add.reduceat(stacked[0], step.offsets, axis=0)]
             else:
                 feeds = {f"x{i}": value for i, value in zip(template.stacked, stacked)}
                 feeds.update((f"w{i}", weights[name]) for i, name in zip(template.fed, step.weights))
                 outputs = self.runner(template)(feeds)
-            for (a, start), value in zip(step.writes, outputs):
+            ran = clock()
+            for (a, first), value in zip(step.writes, outputs):
                 if template is not None and template.once:
-                    arenas[a][start] = value
+                    arenas[a][first] = value
                 else:
-                    arenas[a][start:start + step.size] = value
+                    arenas[a][first:first + step.size] = value
+            gather += gathered - begin
+            kernels += ran - gathered
+            scatter += clock() - ran
+        if seconds is not None:
+            seconds.update(gather=gather, kernels=kernels, scatter=scatter)
         return arenas

@@ -25,14 +25,15 @@ class BatchReport:
     gathers: int
     gathers_avoided: int
     merged_duplicates: int
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # batching: analyse, schedule, plan/rewrite
+    execution: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
 
     @property
     def ratio(self) -> float:
         return self.launches / self.lower_bound if self.lower_bound else 1.0
 
     def __str__(self) -> str:
-        timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
+        timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in {**self.seconds, **self.execution}.items())
         return (
             f"{self.nodes} nodes -> {self.launches} launches ({self.scheduler}); lower bound "
             f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time "

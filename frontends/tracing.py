@@ -386,7 +386,7 @@ class Batch:
             self.general_path_reason = str(why)
             return None
         self.general_path_reason = None
-        arenas = self._flat.run(plan, self._weights, self._literals)
+        arenas = self._flat.run(plan, self._weights, self._literals, plan.report.execution)
         self.reports.append(plan.report)
         self.last_plan = plan
         return [arenas[arena][row, ...] for arena, row in map(plan.locations.__getitem__, names)]  # views, 0-d too

@@ -75,7 +75,10 @@ def assert_flat_ran(batch):
     assert batch.general_path_reason is None, batch.general_path_reason
     assert isinstance(batch.last_plan, FlatPlan)
     assert batch.reports[-1] is batch.last_plan.report
-    assert set(batch.last_plan.report.seconds) == {"analyse", "schedule", "plan"}
+    report = batch.last_plan.report
+    assert set(report.seconds) == {"analyse", "schedule", "plan"}
+    assert set(report.execution) == {"gather", "kernels", "scatter"}
+    assert all(seconds >= 0 for seconds in report.execution.values())
 
 
 def assert_general_ran(batch):
