@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,8 +60,9 @@ class TraceRecord(Protocol):
     """What planning reads of one traced op (``autobatch.frontends.tracing`` makes them).
 
     ``entries``: per input, its name when every instance shares it (a weight, a shared
-    constant), else its type, or ``ir.types.MISSING``. ``key``: equal for records of one signature
-    class (made of op, attributes and entries). ``preds``: indices of the records it reads.
+    constant), else its type, or ``ir.types.MISSING``. ``key``: equal only for records of one
+    signature class (made of op, attributes and entries, or an object standing for them).
+    ``preds``: indices of the records it reads.
     """
 
     op_type: str
@@ -71,7 +72,7 @@ class TraceRecord(Protocol):
     attributes: dict[str, AttributeProto]
     types: list[ValueType]
     entries: tuple
-    key: tuple
+    key: Hashable
     preds: list[int]
 
 
@@ -171,7 +172,7 @@ class _Planner:
     # ------------------------------------------------------------------ signing
     def sign(self, records: Sequence[TraceRecord], preds: list[list[int]]) -> Problem:
         """Signature classes (with their templates) of the records, and the problem."""
-        class_of: dict[tuple, int] = {}  # a record key -> its class
+        class_of: dict[Hashable, int] = {}  # a record key -> its class
         record_class = self.record_class
         for record in records:
             cls = class_of.get(record.key)

@@ -20,7 +20,7 @@ from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
 from autobatch.ir import ValueType
-from autobatch.frontends.tracing import OPSET, Batch, Parameter, Tensor, TraceError, _current
+from autobatch.frontends.tracing import OPSET, Batch, Parameter, PreparedCall, Tensor, TraceError, _current
 
 CELL_DOMAIN = "autobatch.cells"
 _cell_ids = itertools.count()
@@ -54,19 +54,28 @@ class Cell:
     def __call__(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
         batch = _batch_of(*args)
         tensors = [a if type(a) is Tensor and a.batch is batch else batch.as_tensor(a) for a in args]
+        entries = tuple([t.entry for t in tensors])
+        call = batch.cell_calls.get((self, entries))
+        if call is None:  # the first call in this batch with these kinds of operands
+            call = batch.cell_calls[self, entries] = self._prepare(batch, tensors, entries)
+        outputs = batch.record_call(call, tensors)
+        return tuple(outputs) if self._returns_tuple else outputs[0]
+
+    def _prepare(self, batch: Batch, tensors: list[Tensor], entries: tuple) -> PreparedCall:
+        """The cell traced for the operands' shapes and dtypes (once per cell), made known to
+        ``batch`` with its parameters (once per batch)."""
         key = tuple([(t.shape, t.dtype) for t in tensors])
         traced = self._traced.get(key)
         if traced is None:
             traced = self._traced[key] = self._trace(tensors, len(self._traced))
-        parameters = batch.cell_parameters.get(traced.function.name)
+        name = traced.function.name
+        parameters = batch.cell_parameters.get(name)
         if parameters is None:  # the first call in this batch
             batch.functions.update(traced.nested)
-            batch.functions[(CELL_DOMAIN, traced.function.name)] = traced.function
-            parameters = [batch.parameter(p).name for p in traced.parameters]
-            batch.cell_parameters[traced.function.name] = parameters
-        outputs = batch.record(traced.function.name, tensors, traced.shapes, traced.dtypes,
-                               domain=CELL_DOMAIN, types=traced.types, shared=parameters)
-        return tuple(outputs) if self._returns_tuple else outputs[0]
+            batch.functions[(CELL_DOMAIN, name)] = traced.function
+            parameters = batch.cell_parameters[name] = [batch.parameter(p).name for p in traced.parameters]
+        return PreparedCall(name, CELL_DOMAIN, parameters, entries + tuple(parameters), traced.shapes, traced.dtypes,
+                            traced.types)
 
     def traced_signatures(self) -> int:
         return len(self._traced)

@@ -18,8 +18,11 @@ Operand = Tensor | Parameter | np.ndarray | float | int
 
 def _batch_of(*values: Any) -> Batch:
     """The batch the operands belong to, which must be the one being traced into, if any."""
-    batch = next((v.batch for v in values if isinstance(v, Tensor)), None)
-    if batch is None:
+    for value in values:
+        if isinstance(value, Tensor):
+            batch = value.batch
+            break
+    else:
         return current_batch()
     active = _current.get(None)
     if active is not None and active is not batch:

@@ -12,7 +12,7 @@ import contextvars
 import functools
 import itertools
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -169,11 +169,26 @@ class _Record:
     instance: int
     domain: str
     entries: tuple
-    key: tuple
+    key: Hashable
     preds: list[int]
 
 
 _NO_ATTRIBUTES: dict[str, AttributeProto] = {}
+
+
+@dataclass(slots=True, eq=False)
+class PreparedCall:
+    """What every call of one op with the same kinds of operands records in one batch (a
+    cell's calls): worked out at the first call, so that the others only append. It is its
+    calls' record key: hashed by identity, which is cheaper than hashing their entries."""
+
+    op_type: str
+    domain: str
+    shared: list[str]  # this batch's shared values read after the operands (a cell's parameters)
+    entries: tuple  # the operands' entries, then the shared values'
+    shapes: list[tuple[int, ...]]
+    dtypes: list[np.dtype]
+    types: list[ValueType]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -220,6 +235,7 @@ class Batch:
         self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
         self.cell_parameters: dict[str, list[str]] = {}  # cell function -> its parameters' values here
+        self.cell_calls: dict[tuple, PreparedCall] = {}  # (cell, operand entries) -> what its calls record
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Batch:
@@ -298,35 +314,45 @@ class Batch:
 
     def record(self, op_type: str, inputs: Sequence[Tensor | None], shapes: Sequence[tuple[int, ...]],
                dtypes: Sequence[np.dtype], attrs: dict[str, AttributeProto] | None = None,
-               domain: str = "", types: list[ValueType] | None = None, shared: Sequence[str] = ()) -> list[Tensor]:
-        """Append one op; returns its output tensors (pending). ``types``: the outputs'
-        ValueTypes when the caller has them; ``shared``: names of this batch's shared values
-        read after ``inputs`` (a cell's parameters). This is the per-op cost of tracing, so it
-        does as little as it can."""
+               domain: str = "") -> list[Tensor]:
+        """Append one op; returns its output tensors (pending)."""
         names = [tensor.name if tensor is not None else "" for tensor in inputs]
-        entries = [tensor.entry if tensor is not None else MISSING for tensor in inputs]
-        weights, literals = self._weights, self._literals
+        entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
+        types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
+        attributes = attrs or _NO_ATTRIBUTES
+        return self._append(op_type, domain, inputs, names, attributes, shapes, dtypes, types, entries,
+                            (domain, op_type, id(attributes), entries))
+
+    def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
+        """Append a call whose signature was worked out once (a cell's, for these kinds of
+        operands in this batch); its shared values are read after ``inputs``."""
+        names = [tensor.name for tensor in inputs]
+        names += call.shared
+        return self._append(call.op_type, call.domain, inputs, names, _NO_ATTRIBUTES, call.shapes, call.dtypes,
+                            call.types, call.entries, call)
+
+    def _append(self, op_type: str, domain: str, inputs: Sequence[Tensor | None], names: list[str],
+                attributes: dict[str, AttributeProto], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+                types: list[ValueType], entries: tuple, key: Hashable) -> list[Tensor]:
+        """The per-op cost of tracing, so it does as little as it can."""
+        literals = self._literals
         preds = set()
         for tensor in inputs:
-            if tensor is not None and tensor.value is None:
-                if tensor.producer == DISCARDED:
-                    raise TraceError(f"{tensor!r} was discarded before it ran: it has no value to read")
+            if tensor is None:
+                continue
+            if tensor.value is None:
                 if tensor.producer >= 0:  # else an input of the graph traced (a cell's argument)
                     preds.add(tensor.producer)
-            elif tensor is not None and tensor.name not in weights:
+                elif tensor.producer == DISCARDED:
+                    raise TraceError(f"{tensor!r} was discarded before it ran: it has no value to read")
+            elif type(tensor.entry) is not str:  # per-instance data (a shared value's entry is its name)
                 literals[tensor.name] = tensor.value  # a known value is data of the graph to run
-        names += shared
-        entries += shared
-        if types is None:
-            types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
         index = len(self._records)
         tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
                    for shape, dtype, vtype in zip(shapes, dtypes, types)]
         self._pending += map(weakref.ref, tensors)
-        attributes = attrs or _NO_ATTRIBUTES
-        key = (domain, op_type, id(attributes), tuple(entries))
         self._records.append(_Record(op_type, names, [t.name for t in tensors], attributes, types, self._instance,
-                                     domain, key[3], key, sorted(preds) if len(preds) > 1 else list(preds)))
+                                     domain, entries, key, sorted(preds) if len(preds) > 1 else list(preds)))
         return tensors
 
     # ------------------------------------------------------------------ running
