@@ -62,7 +62,7 @@ class TraceRecord(Protocol):
     ``entries``: per input, its name when every instance shares it (a weight, a shared
     constant), else its type, or ``ir.types.MISSING``. ``key``: equal only for records of one
     signature class (made of op, attributes and entries, or an object standing for them).
-    ``preds``: indices of the records it reads.
+    ``preds``: indices of the records it reads (one may be listed more than once).
     """
 
     op_type: str

@@ -159,7 +159,8 @@ class Parameter:
 class _Record:
     """One traced op. ``entries``: what each input contributes to the op's signature (see
     ``Tensor.entry``); ``key``: equal for records of one signature class (the planner turns
-    it into the class); ``preds``: indices of the records whose outputs it reads."""
+    it into the class); ``preds``: indices of the records whose outputs it reads (a record
+    read twice is listed twice)."""
 
     op_type: str
     inputs: list[str]
@@ -336,13 +337,13 @@ class Batch:
                 types: list[ValueType], entries: tuple, key: Hashable) -> list[Tensor]:
         """The per-op cost of tracing, so it does as little as it can."""
         literals = self._literals
-        preds = set()
+        preds = []  # a record read twice is listed twice: the planner counts edges, not records
         for tensor in inputs:
             if tensor is None:
                 continue
             if tensor.value is None:
                 if tensor.producer >= 0:  # else an input of the graph traced (a cell's argument)
-                    preds.add(tensor.producer)
+                    preds.append(tensor.producer)
                 elif tensor.producer == DISCARDED:
                     raise TraceError(f"{tensor!r} was discarded before it ran: it has no value to read")
             elif type(tensor.entry) is not str:  # per-instance data (a shared value's entry is its name)
@@ -352,7 +353,7 @@ class Batch:
                    for shape, dtype, vtype in zip(shapes, dtypes, types)]
         self._pending += map(weakref.ref, tensors)
         self._records.append(_Record(op_type, names, [t.name for t in tensors], attributes, types, self._instance,
-                                     domain, entries, key, sorted(preds) if len(preds) > 1 else list(preds)))
+                                     domain, entries, key, preds))
         return tensors
 
     # ------------------------------------------------------------------ running
