@@ -91,7 +91,6 @@ class Template:
     fed: list[int]
     once: bool
     solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
-    keep_alive: Any = None  # the function proto whose id is part of the cache key
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
@@ -118,6 +117,9 @@ class FlatPlan:
 
 
 _templates: dict[tuple, Template | None | str] = {}
+# The cell functions whose ids are part of ``_templates`` keys, alive as long as those entries:
+# a new function given a dead one's id would otherwise find its entries.
+_keyed_functions: dict[int, Any] = {}
 _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
 
 
@@ -131,6 +133,7 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
         raise NotFlat(f"opset {opsets.get('', 1)} has no Reshape with a shape input")
     if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
         _templates.clear()
+        _keyed_functions.clear()
     start = time.perf_counter()
     planner = _Planner(weights, literals, functions, opsets)
     records, preds = _live(records, producers)
@@ -246,6 +249,8 @@ class _Planner:
         only once a rule has shown that it reads N."""
         specs, baked = self._operand_specs(record)
         function = self.functions.get((record.domain, record.op_type)) if record.domain else None
+        if function is not None:
+            _keyed_functions[id(function)] = function
         version = self.opsets.get(record.domain, 1)
         base = (record.domain, record.op_type, version, attributes_key(record.attributes), id(function), specs,
                 tuple(map(bool, record.outputs)), solo)
@@ -267,8 +272,6 @@ class _Planner:
             if size is None:
                 return _PER_SIZE
             key = base + (size,)
-        if built is not None:
-            built.keep_alive = function
         _templates[key] = built
         return built
 

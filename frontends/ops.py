@@ -120,11 +120,22 @@ def square(x: Operand) -> Tensor:
     return _elementwise("Mul", t, t)
 
 
+# ONNX's Sum is defined for these element types only; other sums are a tree of Adds.
+_SUM_DTYPES = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)})
+
+
 def esum(xs: Sequence[Operand]) -> Tensor:
-    """The sum of a list of tensors (DyNet's esum)."""
+    """The sum of a list of tensors (DyNet's esum): one Sum of float terms (batched whatever
+    their number), else pairwise Adds (ONNX has no integer Sum)."""
     if not xs:
         raise TraceError("esum of an empty list")
-    return _elementwise("Sum", *xs) if len(xs) > 1 else _tensors("Sum", xs[0])[0]
+    terms = _tensors("Sum", *xs)
+    if len(terms) > 1 and terms[0].dtype in _SUM_DTYPES:
+        return _elementwise("Sum", *terms)
+    while len(terms) > 1:
+        paired = [add(a, b) for a, b in zip(terms[::2], terms[1::2])]
+        terms = paired + terms[len(paired) * 2:]
+    return terms[0]
 
 
 # ----------------------------------------------------------------------------- linear algebra

@@ -23,6 +23,7 @@ from autobatch import Batch, Parameter, TraceError, cell, ops
 from autobatch.batcher import SCHEDULERS, PassResult, flat
 from autobatch.batcher.flat import FlatPlan
 from autobatch.datasets import Tree
+from autobatch.frontends.cells import CELL_DOMAIN
 from autobatch.frontends.tracing import attributes
 from tests.example_models import model
 
@@ -391,6 +392,18 @@ def test_templates_are_cached_across_batches(backend):
         assert_same(value, rnn_reference(sequence))
     for step in batch3.last_plan.steps:
         assert step.template is None or len(step.template.runners) >= 1
+
+
+def test_cached_templates_keep_the_functions_their_keys_name_alive():
+    """A template key holds a cell function's id: the cache keeps that function alive, so a new
+    function can never be given the id of one whose entries are still cached."""
+    module, trees, params = model("tree_lstm")
+    _, batch = batched(lambda batch, t: module.loss_cells(t, params), trees)
+    assert_flat_ran(batch)
+    cell_keys = [key for key in flat._templates if key[0] == CELL_DOMAIN]
+    assert cell_keys
+    for key in cell_keys:
+        assert id(flat._keyed_functions[key[4]]) == key[4]
 
 
 def _relabelled(tree: Tree, words: dict[str, str]) -> Tree:

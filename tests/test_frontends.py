@@ -92,6 +92,18 @@ def test_ops_match_numpy():
         np.testing.assert_allclose(tensor.numpy(), expected, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_esum_of_integers_is_valid_onnx_on_every_backend(backend):
+    """ONNX's Sum takes floats only (onnxruntime has no int64 kernel): integer sums add pairwise."""
+    values = [np.arange(k, k + 3, dtype=np.int64) for k in range(5)]
+    with Batch(backend=backend) as batch:
+        sums = [ops.esum([batch.constant(v) for v in values[:n]]) for n in (1, 2, 5)]
+        got = batch.run(sums)
+    for n, value in zip((1, 2, 5), got):
+        assert value.dtype == np.int64
+        np.testing.assert_array_equal(value, np.sum(values[:n], axis=0))
+
+
 def test_shape_mismatch_is_named_at_trace_time():
     with Batch() as batch:
         x = batch.constant(np.zeros(3, np.float32))
