@@ -6,9 +6,9 @@ group holding nodes of one signature class whose dependencies all lie in earlier
   lowest average depth over the whole graph (ties go to cheaper ops).
 - ``level`` (ours): prefer a ready class whose ready nodes include *every* remaining node of
   its lowest pending level (launching it now cannot cost a later launch: the lower bound is
-  kept); tie-breaks from the agenda rule and from the levels still ahead, the better of the
-  two schedules kept. On trees and chains this reaches the lower bound where depth and agenda
-  over-split.
+  kept); three tie-breaks are tried in turn (the agenda rule, the most levels still ahead, the
+  fewest ready nodes) until one reaches the lower bound, else the shortest schedule is kept.
+  On trees and chains this reaches or nears the lower bound where depth and agenda over-split.
 """
 
 from __future__ import annotations
@@ -114,31 +114,40 @@ def agenda_schedule(problem: Problem) -> Schedule:
 
 def level_schedule(problem: Problem) -> Schedule:
     """Ours: launch a ready class whose ready nodes complete its lowest pending level (this
-    never costs a launch against the lower bound); among several, and when none completes,
-    two tie-breaks are tried (the agenda's lowest average depth, and the class with the most
-    levels still ahead) and the shorter schedule is kept; the second only when the first
-    misses the lower bound."""
-    first = _level_schedule(problem, _cheapest_first(problem))
-    if len(first) == problem.lower_bound():
-        return first  # nothing can do better: the second tie-break is not tried
-    return min(first, _level_schedule(problem, None), key=len)
+    never costs a launch against the lower bound). Which class among several, or when none
+    completes, is a tie-break; each of ``LEVEL_TIE_BREAKS`` is tried in turn until a schedule
+    reaches the lower bound (often the first does), else the shortest one is kept."""
+    bound = problem.lower_bound()
+    best: Schedule | None = None
+    for tie_break in LEVEL_TIE_BREAKS:
+        schedule = _level_schedule(problem, tie_break)
+        if best is None or len(schedule) < len(best):
+            best = schedule
+        if len(best) == bound:
+            break  # nothing can do better
+    assert best is not None
+    return best
 
 
-def _level_schedule(problem: Problem, tie_break: Callable[[int], tuple] | None) -> Schedule:
+# Each maps (ready set, class, lowest pending level per class, highest per class) to a sort key.
+TieBreak = Callable[[_Ready, int, dict[int, int], dict[int, int]], tuple]
+
+
+def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak]) -> Schedule:
     # pending[cls][lvl]: nodes of class cls at level lvl not launched yet.
     pending: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for i in np.flatnonzero(problem.sig != UNBATCHABLE):
         pending[int(problem.sig[i])][int(problem.level[i])] += 1
     lowest = {cls: min(levels) for cls, levels in pending.items()}  # kept up to date below
     highest = {cls: max(levels) for cls, levels in pending.items()}
-    key = tie_break or (lambda cls: (lowest[cls] - highest[cls], cls))  # most levels ahead first
+    key = tie_break(problem)
 
     def completes_lowest_level(ready: _Ready, cls: int) -> bool:
         return ready.ready_at_level[cls, lowest[cls]] == pending[cls][lowest[cls]]
 
     def choose(ready: _Ready) -> int:
         complete = [c for c in ready.ready_by_class if completes_lowest_level(ready, c)]
-        cls = min(complete or ready.ready_by_class, key=key)
+        cls = min(complete or ready.ready_by_class, key=lambda c: key(ready, c, lowest, highest))
         counts = pending[cls]
         for i in ready.ready_by_class[cls]:
             lvl = ready.level[i]
@@ -150,6 +159,27 @@ def _level_schedule(problem: Problem, tie_break: Callable[[int], tuple] | None) 
         return cls
 
     return _agenda(problem, choose)
+
+
+def _agenda_rule(problem: Problem) -> TieBreak:
+    """The agenda's choice: the lowest average depth, cheaper ops first."""
+    cheapest = _cheapest_first(problem)
+    return lambda ready, cls, lowest, highest: cheapest(cls)
+
+
+def _most_levels_ahead(problem: Problem) -> TieBreak:
+    """The class with the most levels still pending (chains: the longest first)."""
+    return lambda ready, cls, lowest, highest: (lowest[cls] - highest[cls], cls)
+
+
+def _fewest_ready(problem: Problem) -> TieBreak:
+    """The class with the fewest ready nodes: the smallest group split off, while classes
+    with many ready nodes keep gathering more (trees whose per-class levels do not line up)."""
+    cheapest = _cheapest_first(problem)
+    return lambda ready, cls, lowest, highest: (len(ready.ready_by_class[cls]), cheapest(cls))
+
+
+LEVEL_TIE_BREAKS: tuple[Callable[[Problem], TieBreak], ...] = (_agenda_rule, _most_levels_ahead, _fewest_ready)
 
 
 SCHEDULERS: dict[str, Scheduler] = {

@@ -11,10 +11,13 @@ import onnx.parser
 import pytest
 from onnx import TensorProto, helper
 
-from autobatch import InferenceSession
+from autobatch import Batch, InferenceSession
 from autobatch.backends import Interpreter
-from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem, node_signature
+from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem, flat, node_signature
 from autobatch.batcher.problem import UNBATCHABLE
+from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule
+from autobatch.datasets import synthetic_tree
+from autobatch.examples import tree_lstm
 from autobatch.batcher.rewrite import has_rule
 from autobatch.ir import Graph, ValueType, from_onnx
 
@@ -335,6 +338,26 @@ def test_level_scheduler_reaches_lower_bound_on_trees_and_chains() -> None:
     # the lower bound here: MatMul at most 5 on a path (the chain), Tanh at most 5 (chain: 5;
     # depth-3 tree: leaf + 3 levels = 4), Add at most 3.
     assert problem.lower_bound() == 5 + 5 + 3
+
+
+def test_level_scheduler_nears_the_bound_on_tree_lstms_op_by_op() -> None:
+    """Traced op by op, a Tree-LSTM's per-class bounds do not line up (``Uf1`` reads left
+    children only, so its levels follow left spines, not tree heights): the agenda tie-break
+    over-splits, and the fewest-ready tie-break does better, within 1.1x of the bound."""
+    rng = random.Random(0)
+    trees = [synthetic_tree(rng) for _ in range(8)]
+    params = tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=4)
+    with Batch() as batch:
+        losses = [tree_lstm.loss_primitive(tree, params) for tree in trees]
+        planner = flat._Planner(batch._weights, batch._literals, batch.functions, batch._opsets())
+        records, preds = flat._live(batch._records, [t.producer for t in losses])
+        problem = planner.sign(records, preds)
+        batch.discard()
+    schedule = SCHEDULERS["level"](problem)
+    check_valid(problem, schedule)
+    by_tie_break = [len(_level_schedule(problem, tie_break)) for tie_break in LEVEL_TIE_BREAKS]
+    assert len(schedule) == min(by_tie_break) <= 1.1 * problem.lower_bound()
+    assert by_tie_break[-1] < min(by_tie_break[:-1])  # the fewest-ready tie-break is the one that helps here
 
 
 def test_batched_trees_equal_trees_alone() -> None:
