@@ -42,6 +42,10 @@ from autobatch.ir.types import MISSING
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
 # where rules may read it; larger ones (weights) are template inputs, fed at run time.
 BAKED_SIZE = 64
+# Where the planner keeps a value: ``arena << ROW_BITS | row``, one int (cheap to store, and a
+# run of rows is a range of ints).
+ROW_BITS = 40
+ROW_MASK = (1 << ROW_BITS) - 1
 TEMPLATE_CACHE_SIZE = 4096
 SUM_OF_TERMS = "sum of terms"
 # Element types an arena holds as a plain NumPy array (the others need ml_dtypes conversions).
@@ -142,7 +146,7 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     schedule = get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
     steps = [planner.step([records[i] for i in group], planner.record_class[group[0]]) for group in schedule]
-    locations = {name: planner.location[name] for name in wanted}
+    locations = {name: _place(planner.location[name]) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for _, rows in step.reads]
     gathers = sum(isinstance(rows, np.ndarray) for rows in reads)
@@ -165,7 +169,7 @@ class _Planner:
         self.kinds: dict[Kind, int] = {}
         self.rows: list[int] = []
         self.literal_rows: list[list[str]] = []
-        self.location: dict[str, tuple[int, int]] = {}  # per-instance value -> (arena, row)
+        self.location: dict[str, int] = {}  # per-instance value -> arena << ROW_BITS | row
         self._place_literals()
         self.classes: list[tuple] = []
         self.class_of: dict[tuple, int] = {}  # a signature -> its class
@@ -217,7 +221,7 @@ class _Planner:
                 vtype = ValueType.tensor(array.dtype, array.shape)
                 known = kinds[array.dtype, array.shape] = (vtype, self.arena((vtype.elem_type, array.shape)))
             arena = known[1]
-            self.location[name] = (arena, self.rows[arena])
+            self.location[name] = arena << ROW_BITS | self.rows[arena]
             self.rows[arena] += 1
             self.literal_rows[arena].append(name)
 
@@ -298,39 +302,48 @@ class _Planner:
     def step(self, members: list[TraceRecord], cls: int) -> Step:
         first = members[0]
         template = self.templates[cls]
+        outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
         if template is None:  # a sum of terms
             terms = [name for member in members for name in member.inputs]
             offsets = np.cumsum([0] + [len(m.inputs) for m in members[:-1]], dtype=np.intp)
-            return Step(None, len(members), [self._rows(terms)], [], [self._write(members, 0, False)], offsets)
+            return Step(None, len(members), [self._rows(terms)], [], [self._write(first, 0, outputs[0], False)],
+                        offsets)
         if isinstance(template, str):  # _PER_SIZE
             template = self._template(first, len(members))
             if not isinstance(template, Template):
                 raise NotFlat(f"no batching rule takes {first.op_type} for {len(members)} instances")
         if template.solo:  # one member: its own rows, not stacks
-            reads = [self.location[first.inputs[i]] for i in template.stacked]
+            reads = [_place(self.location[first.inputs[i]]) for i in template.stacked]
         else:
-            reads = [self._rows([member.inputs[i] for member in members]) for i in template.stacked]
-        writes = [self._write(members, k, template.once) for k, name in enumerate(first.outputs) if name]
+            inputs = list(zip(*[member.inputs for member in members]))  # per input, its name in each member
+            reads = [self._rows(inputs[i]) for i in template.stacked]
+        writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
-    def _rows(self, names: Iterable[str]) -> tuple[int, slice | np.ndarray]:
+    def _rows(self, names: Sequence[str]) -> tuple[int, slice | np.ndarray]:
+        """The arena holding these values (one: they have one type) and their rows in it."""
         places = list(map(self.location.__getitem__, names))
-        arena, first = places[0]
-        rows = [row for _, row in places]
-        if rows == list(range(first, first + len(rows))):
-            return arena, slice(first, first + len(rows))
-        return arena, np.array(rows, dtype=np.intp)
+        first = places[0]
+        arena, row = _place(first)
+        if places == list(range(first, first + len(places))):
+            return arena, slice(row, row + len(places))
+        return arena, np.array(places, dtype=np.int64) & ROW_MASK
 
-    def _write(self, members: list[TraceRecord], k: int, once: bool) -> tuple[int, int]:
-        """Rows for output ``k`` of the members (one row when ``once``): (arena, first row)."""
-        vtype = members[0].types[k]
+    def _write(self, first: TraceRecord, k: int, names: Sequence[str], once: bool) -> tuple[int, int]:
+        """Rows for output ``k`` (``names``: its name in each member; one row for all when
+        ``once``): (arena, first row)."""
+        vtype = first.types[k]
         arena = self.arena((vtype.elem_type, vtype.shape))
         start = self.rows[arena]
-        self.rows[arena] += 1 if once else len(members)
-        names = [member.outputs[k] for member in members]
-        rows = itertools.repeat(start) if once else range(start, start + len(members))
-        self.location.update(zip(names, zip(itertools.repeat(arena), rows)))
+        self.rows[arena] += 1 if once else len(names)
+        base = arena << ROW_BITS | start
+        self.location.update(zip(names, itertools.repeat(base) if once else range(base, base + len(names))))
         return arena, start
+
+
+def _place(location: int) -> tuple[int, int]:
+    """(arena, row) of a planner location."""
+    return location >> ROW_BITS, location & ROW_MASK
 
 
 @dataclass(slots=True)
