@@ -222,9 +222,13 @@ def index(x: Operand, key: Any) -> Tensor:
     return pick(t, key)
 
 
+_AXIS_0 = attributes(axis=0)
+
+
 def pick(x: Operand, i: Any) -> Tensor:
     """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick."""
-    (t,) = _tensors("Gather", x)
+    # A parameter (an embedding lookup: the common case) is taken straight into the batch.
+    t = current_batch().parameter(x) if type(x) is Parameter else _tensors("Gather", x)[0]
     if not t.shape:
         raise TraceError("Gather: cannot pick from a scalar")
     if isinstance(i, Tensor):
@@ -233,7 +237,7 @@ def pick(x: Operand, i: Any) -> Tensor:
         if not -t.shape[0] <= int(i) < t.shape[0]:
             raise TraceError(f"Gather: index {int(i)} is out of range for shape {t.shape}")
         position = t.batch.constant(int(i), dtype=np.int64)
-    return t.batch.record("Gather", [t, position], [(*position.shape, *t.shape[1:])], [t.dtype], attributes(axis=0))[0]
+    return t.batch.record("Gather", [t, position], [(*position.shape, *t.shape[1:])], [t.dtype], _AXIS_0)[0]
 
 
 def lookup(table: Parameter | Tensor, i: Any) -> Tensor:

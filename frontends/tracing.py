@@ -229,7 +229,7 @@ class Batch:
         self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
         self._shared: dict[tuple, str] = {}
-        self._scalars: dict[tuple, Tensor] = {}  # (type, value) of a Python scalar -> its literal
+        self._scalars: dict[tuple, Tensor] = {}  # (type, value, dtype asked) of a Python scalar -> its literal
         self._names = itertools.count()
         self._instance = 0
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
@@ -269,10 +269,8 @@ class Batch:
         tensor: it is data all the same (stacked per reader), made once."""
         kind = type(value)
         key = None
-        if dtype is None and kind in (int, bool):
-            key = (kind, value)
-        elif dtype is None and kind is float:
-            key = (kind, value.hex())  # -0.0 == 0.0, but its literal is not the same
+        if kind is int or kind is bool or kind is float:  # -0.0 == 0.0, but its literal is not the same
+            key = (kind, value.hex() if kind is float else value, dtype)
         tensor = self._scalars.get(key) if key is not None else None
         if tensor is None:
             array = np.asarray(value, dtype=dtype)
