@@ -18,8 +18,8 @@ from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
-from autobatch.batcher.flat import FlatPlan, NotFlat, graph_records, plan_records
-from autobatch.batcher.fold import constants_to_initializers
+from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
+from autobatch.batcher.fold import constant_value, constants_to_initializers
 from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, ValueType, from_onnx
 
@@ -54,12 +54,11 @@ class SessionStats:
 
 @dataclass
 class _FlatPlan:
-    """A flat plan with the shared and per-instance constants it reads, kept per input
-    signature: the feeds of the next batch fill its literal rows."""
+    """A flat plan with the constants it reads, kept per mix of input signatures: the feeds
+    of the next batch of that mix fill its literal rows."""
 
     plan: FlatPlan
     weights: dict[str, np.ndarray]
-    data: dict[str, np.ndarray]
 
 
 @dataclass
@@ -99,10 +98,12 @@ class InferenceSession:
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
         else:
             self._single = Interpreter(self.graph)
+        self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
         # Batches take the flat path where it applies (not with control flow: each batch unrolls
         # its own graph); per input signature, a flat plan or why the general path is taken.
         self._flat = None if self._control_flow or not flat else flat_executor(backend, threads, providers)
         self._flat_plans: dict[tuple, _FlatPlan | str] = {}
+        self._instance_records: dict[tuple, InstanceRecords | str] = {}  # per input signature, or why not flat
         self.general_path_reason: str | None = None  # why the last batch did not take the flat path
 
     def get_inputs(self) -> list[str]:
@@ -133,9 +134,10 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
-        # The union graph names instance k's values "i{k}/name".
+        # The union graph names instance k's values "i{k}/name", but keeps constants shared.
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
-        wanted = [f"i{k}/{name}" for k in range(len(checked)) for name in names]
+        wanted = [name if name in self._constant_outputs else f"i{k}/{name}" for k in range(len(checked))
+                  for name in names]
         width = len(names)
         if self._flat is not None:
             values = self._run_flat(key, checked, union_feeds, wanted, start)
@@ -176,16 +178,16 @@ class InferenceSession:
         entry = self._flat_plans.get(key)
         cached = isinstance(entry, _FlatPlan)
         if entry is None:
-            union = Graph.union([self._typed_graph(feeds) for feeds in checked])
             try:
-                graph = graph_records(union)
-                producers = [graph.producer[name] for name in wanted if name in graph.producer]
-                plan = plan_records(graph.records, wanted, producers, graph.weights, {**graph.data, **union_feeds},
-                                    union.functions, union.opset_imports, self.batching.scheduler_name)
+                pieces = [self._records_of(feeds) for feeds in checked]
+                records, producer = mix_records(pieces)
+                producers = [producer[name] for name in wanted if name in producer]
+                plan = plan_records(records, wanted, producers, pieces[0].weights, union_feeds, self.graph.functions,
+                                    self.graph.opset_imports, self.batching.scheduler_name)
             except NotFlat as why:
                 entry = str(why)
             else:
-                entry = _FlatPlan(plan, graph.weights, graph.data)
+                entry = _FlatPlan(plan, pieces[0].weights)
                 seconds["build"] = time.perf_counter() - start - sum(plan.report.seconds.values())
                 seconds.update(plan.report.seconds)
             self._flat_plans[key] = entry
@@ -194,12 +196,27 @@ class InferenceSession:
             return None
         self.general_path_reason = None
         begin = time.perf_counter()
-        arenas = self._flat.run(entry.plan, entry.weights, {**entry.data, **union_feeds})
+        arenas = self._flat.run(entry.plan, entry.weights, union_feeds)
         located = [entry.plan.locations[name] for name in wanted]
         seconds["execute"] = time.perf_counter() - begin
         self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=len(entry.plan.steps),
                                   seconds=seconds)
         return [arenas[arena][row, ...] for arena, row in located]  # views of this run's arenas
+
+    def _records_of(self, feeds: Mapping[str, Any]) -> InstanceRecords:
+        """The typed graph of an instance with these feeds' signature as records (made once per
+        signature); ``NotFlat`` when the flat path does not take it."""
+        key = _input_signature(feeds)
+        records = self._instance_records.get(key)
+        if records is None:
+            try:
+                records = instance_records(self._typed_graph(feeds))
+            except NotFlat as why:
+                records = str(why)
+            self._instance_records[key] = records
+        if isinstance(records, str):
+            raise NotFlat(records)
+        return records
 
     def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
         """The batched graph for these instances (what ``run_batch`` runs), with its report."""
@@ -271,6 +288,15 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
             return None
         return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers))
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _is_constant(graph: Graph, name: str) -> bool:
+    """An initializer, or the output of a Constant node (which batching turns into one)."""
+    if graph.values[name].is_shared:
+        return True
+    producer = graph.producer_of(name)
+    node = graph.nodes[producer[0]] if producer is not None else None
+    return node is not None and node.op_type == "Constant" and not node.domain and constant_value(node) is not None
 
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:

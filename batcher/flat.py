@@ -35,7 +35,7 @@ from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter, is_nondeterministic
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
-from autobatch.batcher.signature import attributes_key, shared_values
+from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, Node, ValueType
 from autobatch.ir.types import MISSING
 
@@ -362,40 +362,55 @@ class GraphRecord:
 
 
 @dataclass
-class GraphRecords:
-    """An IR graph (usually the union of many instances) as ``plan_records`` takes it:
-    ``weights`` its shared constants, ``data`` its per-instance constants (the graph inputs
-    are per-instance data too), ``producer`` the record making each node output."""
+class InstanceRecords:
+    """One instance's graph as records over its own value names. ``InferenceSession`` keeps
+    them per input signature, and ``mix_records`` puts those of a batch's instances together
+    (renamed per instance) without building the union graph: a new mix of shapes costs a
+    plan, not a graph. ``weights`` are the graph's constants, shared by every instance."""
 
     records: list[GraphRecord]
-    weights: dict[str, np.ndarray]
-    data: dict[str, np.ndarray]
+    own: set[str]  # the instance's own values (renamed per instance)
     producer: dict[str, int]
+    weights: dict[str, np.ndarray]
 
 
-def graph_records(graph: Graph) -> GraphRecords:
-    """The nodes of ``graph`` in topological order as records; ``NotFlat`` for a graph the flat
-    path does not take (subgraphs, values computed outside any instance, types not known)."""
-    shared = shared_values(graph)
-    order = graph.topological_order()
+def instance_records(graph: Graph) -> InstanceRecords:
+    """The nodes of ``graph`` (one instance, its values typed) in topological order as records;
+    ``NotFlat`` for a graph the flat path does not take (subgraphs, types not known, an output
+    that is a constant)."""
+    weights = graph.initializers()
+    constant_outputs = [name for name in graph.outputs if name in weights]
+    if constant_outputs:
+        raise NotFlat(f"output(s) {constant_outputs} are constants")
     producer: dict[str, int] = {}
     records = []
-    for i, node in enumerate(order):
-        if node.instance is None:
-            raise NotFlat(f"{node} is computed once for every instance")
+    for i, node in enumerate(graph.topological_order()):
         if any(True for _ in node.subgraphs()):
             raise NotFlat(f"{node} has a subgraph")
-        entries = tuple(MISSING if not name else name if name in shared else _static(graph, name)
+        entries = tuple(MISSING if not name else name if name in weights else _static(graph, name)
                         for name in node.inputs)
         types = [_static(graph, name) if name else None for name in node.outputs]  # None: output not wanted
         preds = sorted({producer[name] for name in node.inputs if name in producer})
         records.append(GraphRecord(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
                                    entries, (node.domain, node.op_type, id(node.attributes), entries), preds))
         producer.update((name, i) for name in node.outputs if name)
-    constants = graph.initializers()
-    weights = {name: array for name, array in constants.items() if name in shared}
-    data = {name: array for name, array in constants.items() if name not in shared}
-    return GraphRecords(records, weights, data, producer)
+    return InstanceRecords(records, set(graph.values) - weights.keys(), producer, weights)
+
+
+def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[GraphRecord], dict[str, int]]:
+    """The records of a batch: those of instance k after those of instances 0..k-1, its own
+    values named ``i{k}/name``; and the record producing each value."""
+    records: list[GraphRecord] = []
+    producer: dict[str, int] = {}
+    for k, piece in enumerate(pieces):
+        offset = len(records)
+        names = {name: f"i{k}/{name}" for name in piece.own}
+        rename = names.get
+        records += [GraphRecord(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
+                                r.attributes, r.types, r.entries, r.key, [p + offset for p in r.preds])
+                    for r in piece.records]
+        producer.update((names[name], index + offset) for name, index in piece.producer.items())
+    return records, producer
 
 
 def _static(graph: Graph, name: str) -> ValueType:

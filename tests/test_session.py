@@ -41,6 +41,40 @@ def test_run_batch_equals_run_alone_for_different_lengths(scheduler, backend):
     assert report.fallback_nodes == 0
 
 
+def test_a_new_mix_of_known_shapes_reuses_each_instances_records(backend):
+    """A batch is put together from records kept per input signature: a new mix of shapes seen
+    before types no graph and builds no union, and still equals each instance run alone."""
+    session = autobatch.InferenceSession(MODEL, backend=backend)
+    session.run_batch(None, feeds([2, 3]))
+    typed, pieces = dict(session._typed), dict(session._instance_records)
+    instances = feeds([3, 2, 3, 3, 2], seed=1)  # a mix not seen before
+    batched = session.run_batch(None, instances)
+    assert not session.stats.plan_cached and session.general_path_reason is None
+    assert session._typed == typed
+    assert session._instance_records.keys() == pieces.keys()
+    assert all(session._instance_records[key] is piece for key, piece in pieces.items())
+    for instance, outputs in zip(instances, batched, strict=True):
+        for alone, got in zip(session.run(None, instance), outputs, strict=True):
+            np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
+
+
+CONSTANT_OUTPUTS = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 4] x) => (float[N, 4] y, float[2] k, float[3] c) <float[2] k = {1.0, 2.0}> {
+    y = Tanh(x)
+    c = Constant<value = float[3] {5.0, 6.0, 7.0}>()
+}""")
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_outputs_that_are_constants_come_back_for_every_instance(backend, flat):
+    session = autobatch.InferenceSession(CONSTANT_OUTPUTS, backend=backend, flat=flat)
+    instances = [{"x": np.full((n, 4), 0.5, np.float32)} for n in (2, 3)]
+    for instance, (y, k, c) in zip(instances, session.run_batch(None, instances), strict=True):
+        np.testing.assert_allclose(y, np.tanh(instance["x"]), rtol=1e-6)
+        np.testing.assert_array_equal(k, [1.0, 2.0])
+        np.testing.assert_array_equal(c, [5.0, 6.0, 7.0])
+
+
 PHASES = {True: {"build", "analyse", "schedule", "plan", "execute"},  # the flat path
           False: {"build", "analyse", "schedule", "rewrite", "prepare", "execute"}}  # the general path
 
