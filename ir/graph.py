@@ -23,6 +23,9 @@ from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.types import ValueType, type_of_array
 
 CAPTURED = -1  # input index of an edge for a value read from inside a subgraph attribute
+# Shape inference sees the values of constants up to this size (shapes, axes, indices); larger
+# ones (weights) only by their types, which spares copying and parsing them for every new shape.
+SHAPE_DATA_LIMIT = 4096
 
 
 class Value:
@@ -442,7 +445,7 @@ class Graph:
         """Fill in dtype and shape of every value that ONNX shape inference can derive."""
         from autobatch.ir.onnx_io import inferred_types, to_onnx
 
-        for name, vtype in inferred_types(to_onnx(self, check=False)).items():
+        for name, vtype in inferred_types(to_onnx(self, check=False, data_limit=SHAPE_DATA_LIMIT)).items():
             value = self.values.get(name)
             if value is not None and value.const is None:
                 value.type = vtype

@@ -210,8 +210,11 @@ def from_onnx(source: ModelSource) -> Graph:
     return graph
 
 
-def to_onnx(graph: Graph, check: bool = True) -> ModelProto:
-    """Export the IR as an ONNX model that ``onnx.checker`` accepts and onnxruntime loads."""
+def to_onnx(graph: Graph, check: bool = True, data_limit: int | None = None) -> ModelProto:
+    """Export the IR as an ONNX model that ``onnx.checker`` accepts and onnxruntime loads.
+    ``data_limit``: constants with more elements are declared as typed graph inputs, without
+    their data: a model for shape inference only (it reads the values of small constants, such
+    as shapes, and the types of the rest), which then skips copying and parsing the weights."""
 
     def info(name: str) -> onnx.ValueInfoProto:
         value = graph.values[name]
@@ -230,9 +233,15 @@ def to_onnx(graph: Graph, check: bool = True) -> ModelProto:
         info(name) for name, value in graph.values.items()
         if name not in io_names and value.const is None and value.type is not None
     ]
-    initializers = [onnx.numpy_helper.from_array(array, name) for name, array in graph.initializers().items()]
+    constants = graph.initializers()
+    typed_only = {name: array for name, array in constants.items() if data_limit is not None and array.size > data_limit}
+    initializers = [onnx.numpy_helper.from_array(array, name) for name, array in constants.items()
+                    if name not in typed_only]
+    inputs = [info(n) for n in graph.inputs]
+    inputs += [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape)
+               for name, array in typed_only.items()]
     proto_graph = helper.make_graph(
-        nodes, graph.name, [info(n) for n in graph.inputs], [info(n) for n in graph.outputs],
+        nodes, graph.name, inputs, [info(n) for n in graph.outputs],
         initializer=initializers, value_info=value_info, doc_string=graph.meta.get("graph_doc_string") or None,
     )
     opsets = [helper.make_opsetid(domain, version) for domain, version in sorted(graph.opset_imports.items())]

@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from autobatch.ir import CAPTURED, Graph, ValidationError, ValueType, from_onnx, to_onnx
+from autobatch.ir.graph import SHAPE_DATA_LIMIT
 
 F32 = TensorProto.FLOAT
 
@@ -125,6 +126,26 @@ def test_infer_shapes_fills_every_value():
     g.infer_shapes()
     assert repr(g.values["xw"].type) == "FLOAT[1,2]"
     assert g.values["y"].type.shape == (1, 2) and g.values["y"].type.dtype == np.float32
+
+
+def test_shape_inference_reads_small_constants_and_only_the_types_of_weights():
+    """Typing a graph for a new input shape must not copy its weights (a model's MB of them for
+    every shape): large constants go to inference as typed inputs, small ones (a Reshape's
+    target shape) with their values, which inference needs."""
+    g = Graph("g", {"": 18})
+    g.add_input("x", ValueType.tensor(np.float32, [5, 64]))
+    g.add_initializer("W", np.ones((64, 128), np.float32))  # 8192 elements: a weight
+    g.add_initializer("shape", np.array([-1, 32], np.int64))
+    g.add_node("MatMul", ["x", "W"], ["xw"])
+    g.add_node("Reshape", ["xw", "shape"], ["y"])
+    g.add_output("y")
+    model = to_onnx(g, check=False, data_limit=SHAPE_DATA_LIMIT)
+    assert [t.name for t in model.graph.initializer] == ["shape"]
+    assert "W" in [i.name for i in model.graph.input]
+    g.infer_shapes()
+    assert g.values["xw"].type.shape == (5, 128)
+    assert g.values["y"].type.shape == (20, 32)  # from the value of "shape"
+    assert g.values["W"].const is not None and g.values["W"].const.shape == (64, 128)
 
 
 def test_str_lists_nodes_with_types():
