@@ -89,10 +89,14 @@ def _class_costs(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return average, expensive
 
 
-def _agenda(problem: Problem, choose: Callable[[_Ready], int]) -> Schedule:
+def _agenda(problem: Problem, choose: Callable[[_Ready], int], limit: int | None = None) -> Schedule | None:
+    """The schedule made by launching ready groups as ``choose`` says; None once it would take
+    ``limit`` launches or more (a candidate that cannot beat a schedule already found)."""
     ready = _Ready(problem)
     schedule: Schedule = []
     while ready.done < problem.size:
+        if limit is not None and len(schedule) >= limit:
+            return None
         if ready.ready_unbatchable:
             group = [ready.ready_unbatchable.pop(0)]
         else:
@@ -109,7 +113,9 @@ def _cheapest_first(problem: Problem) -> Callable[[int], tuple]:
 
 def agenda_schedule(problem: Problem) -> Schedule:
     key = _cheapest_first(problem)
-    return _agenda(problem, lambda ready: min(ready.ready_by_class, key=key))
+    schedule = _agenda(problem, lambda ready: min(ready.ready_by_class, key=key))
+    assert schedule is not None
+    return schedule
 
 
 def level_schedule(problem: Problem) -> Schedule:
@@ -120,10 +126,10 @@ def level_schedule(problem: Problem) -> Schedule:
     bound = problem.lower_bound()
     best: Schedule | None = None
     for tie_break in LEVEL_TIE_BREAKS:
-        schedule = _level_schedule(problem, tie_break)
-        if best is None or len(schedule) < len(best):
+        schedule = _level_schedule(problem, tie_break, limit=len(best) if best is not None else None)
+        if schedule is not None:  # shorter than the best so far (a longer one is abandoned early)
             best = schedule
-        if len(best) == bound:
+        if best is not None and len(best) == bound:
             break  # nothing can do better
     assert best is not None
     return best
@@ -133,7 +139,8 @@ def level_schedule(problem: Problem) -> Schedule:
 TieBreak = Callable[[_Ready, int, dict[int, int], dict[int, int]], tuple]
 
 
-def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak]) -> Schedule:
+def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak],
+                    limit: int | None = None) -> Schedule | None:
     # pending[cls][lvl]: nodes of class cls at level lvl not launched yet.
     pending: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for i in np.flatnonzero(problem.sig != UNBATCHABLE):
@@ -158,7 +165,7 @@ def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak]) 
             lowest[cls] = min(counts)
         return cls
 
-    return _agenda(problem, choose)
+    return _agenda(problem, choose, limit)
 
 
 def _agenda_rule(problem: Problem) -> TieBreak:
