@@ -232,6 +232,8 @@ def pick(x: Operand, i: Any) -> Tensor:
     if not t.shape:
         raise TraceError("Gather: cannot pick from a scalar")
     if isinstance(i, Tensor):
+        if i.batch is not t.batch:
+            raise TraceError(f"{i!r} belongs to another batch; values cannot cross batches")
         position = i
     else:
         if not -t.shape[0] <= int(i) < t.shape[0]:

@@ -210,9 +210,13 @@ class Batch:
 
     def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
                  providers: Sequence[str] | None = None, flat: bool = True) -> None:
-        """``flat``: plan straight from the trace records where the batch allows (the fast
-        path, ``autobatch.batcher.flat``; not on CUDA, where the batched graph keeps values on
-        the device); False always builds the IR graph and rewrites it."""
+        """``backend``: "numpy" or "onnxruntime"; ``scheduler``: "depth", "agenda" or "level".
+        ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
+        thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
+        NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
+        when it loads, else the CPU). ``flat``: plan straight from the trace records where the
+        batch allows (the fast path, ``autobatch.batcher.flat``; not on CUDA, where the batched
+        graph keeps values on the device); False always builds the IR graph and rewrites it."""
         from autobatch.batcher import get_scheduler
         from autobatch.session import flat_executor, make_runner_factory
 

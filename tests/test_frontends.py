@@ -125,6 +125,14 @@ def test_a_tensor_of_another_batch_is_refused():
             ops.matmul(x, W)
 
 
+def test_an_index_of_another_batch_is_refused():
+    with Batch() as first:
+        i = first.constant(1)
+    with Batch():
+        with pytest.raises(TraceError, match="belongs to another batch"):
+            ops.lookup(W, i)
+
+
 def test_tracing_outside_a_batch_is_explained():
     with pytest.raises(TraceError, match="inside `with autobatch.Batch"):
         ops.lookup(W, 1)
