@@ -19,7 +19,7 @@ from onnx import helper
 
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
-from autobatch.batcher.flat import FlatPlan, Template
+from autobatch.batcher.flat import FlatPlan, Rows, Step, Template
 from autobatch.ir import Graph, to_onnx
 
 TemplateRun = Callable[[dict[str, Any]], list[Any]]  # feeds by input name -> the graph's outputs
@@ -75,26 +75,62 @@ class FlatExecutor:
         kernels = scatter = 0.0
         for step in plan.steps:
             begin = clock()
-            # A slice is a view; an index array one gather; an int one member's row (0-d views too).
-            stacked = [arenas[a].take(rows, axis=0) if isinstance(rows, np.ndarray) else arenas[a][rows, ...]
-                       for a, rows in step.reads]
+            if step.groups:  # ragged: every member's rows, one after the other
+                stacked = [_concatenated(arenas, parts) for parts in step.reads]
+            else:
+                stacked = [_read(arenas, a, rows) for a, rows in step.reads]
             template = step.template
             gathered = clock()
-            if template is None:  # a sum of terms: each member's run of rows, added in order
-                outputs = [np.add.reduceat(stacked[0], step.offsets, axis=0)]
+            if template is None:  # a sum of terms or a segment reduction: each member's run of rows
+                outputs = [_reduced(stacked[0], step)]
             else:
                 feeds = {f"x{i}": value for i, value in zip(template.stacked, stacked)}
                 feeds.update((f"w{i}", weights[name]) for i, name in zip(template.fed, step.weights))
                 outputs = self.runner(template)(feeds)
             ran = clock()
-            for (a, first), value in zip(step.writes, outputs):
-                if template is not None and template.once:
-                    arenas[a][first] = value
+            for write, value in zip(step.writes, outputs):
+                if template is not None and template.ragged:
+                    _split(arenas, write, step.groups, value)
+                elif template is not None and template.once:
+                    arenas[write[0]][write[1]] = value
                 else:
-                    arenas[a][first:first + step.size] = value
+                    arenas[write[0]][write[1]:write[1] + step.size] = value
             gather += gathered - begin
             kernels += ran - gathered
             scatter += clock() - ran
         if seconds is not None:
             seconds.update(gather=gather, kernels=kernels, scatter=scatter)
         return arenas
+
+
+def _read(arenas: list[np.ndarray], arena: int, rows: Rows) -> np.ndarray:
+    """A slice is a view; an index array one gather; an int one member's row (0-d views too)."""
+    return arenas[arena].take(rows, axis=0) if isinstance(rows, np.ndarray) else arenas[arena][rows, ...]
+
+
+def _concatenated(arenas: list[np.ndarray], parts: list[tuple[int, Rows]]) -> np.ndarray:
+    """The rows of every member, read group by group (``[members, length, ...]`` each)."""
+    blocks = [_read(arenas, a, rows) for a, rows in parts]
+    rows = [block.reshape(-1, *block.shape[2:]) for block in blocks]
+    return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+
+def _split(arenas: list[np.ndarray], writes: list[tuple[int, int]], groups: list[tuple[int, int]],
+           value: np.ndarray) -> None:
+    """A ragged result back into its members' arenas, group by group."""
+    offset = 0
+    for (a, first), (length, count) in zip(writes, groups):
+        arenas[a][first:first + count] = value[offset:offset + count * length].reshape(count, length, *value.shape[1:])
+        offset += count * length
+
+
+def _reduced(rows: np.ndarray, step: Step) -> np.ndarray:
+    """Each member's run of rows (starting at ``step.offsets``) added up, or averaged."""
+    total = np.add.reduceat(rows, step.offsets, axis=0)
+    segment = step.segment
+    if segment is None:
+        return total
+    if segment.mean:
+        lengths = np.repeat([length for length, _ in step.groups], [count for _, count in step.groups])
+        total = total / lengths.reshape(-1, *([1] * (total.ndim - 1))).astype(total.dtype)
+    return total[:, None] if segment.keepdims else total

@@ -32,6 +32,7 @@ from onnx import AttributeProto, TensorProto, helper
 from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
+from autobatch.batcher.ragged import SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter, is_nondeterministic
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
@@ -95,19 +96,36 @@ class Template:
     fed: list[int]
     once: bool
     solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
+    ragged: bool = False  # the op itself on every member's rows concatenated (``batcher.ragged``)
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A ReduceSum or ReduceMean over axis 0 of members of different lengths: each member's run
+    of rows reduced at once (``np.add.reduceat``, in NumPy on every backend, as a sum of terms)."""
+
+    mean: bool
+    keepdims: bool
+
+
+Rows = slice | np.ndarray | int
 
 
 @dataclass
 class Step:
-    """One launch. ``template`` None: a sum of terms, ``offsets`` where each member's start."""
+    """One launch. ``template`` None: a sum of terms or a ``segment`` reduction, ``offsets``
+    where each member's rows start. A ragged step (``groups`` set: the members' lengths and how
+    many have each) reads and writes, per operand, one (arena, rows) for each group."""
 
     template: Template | None
     size: int
-    reads: list[tuple[int, slice | np.ndarray | int]]  # per stacked operand: arena, rows (a solo step: one row)
+    reads: list[Any]  # per stacked operand: (arena, rows) (a solo step: one row), or a list of them per group
     weights: list[str]  # per fed operand: the shared value's name
-    writes: list[tuple[int, int]]  # per output: arena, first row
+    writes: list[Any]  # per output: (arena, first row), or a list of them per group
     offsets: np.ndarray | None = None
+    groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
+    segment: Segment | None = None
 
 
 @dataclass
@@ -148,7 +166,7 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     steps = [planner.step([records[i] for i in group], planner.record_class[group[0]]) for group in schedule]
     locations = {name: _place(planner.location[name]) for name in wanted}
     done = time.perf_counter()
-    reads = [rows for step in steps for _, rows in step.reads]
+    reads = [rows for step in steps for read in step.reads for _, rows in (read if step.groups else [read])]
     gathers = sum(isinstance(rows, np.ndarray) for rows in reads)
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
@@ -174,7 +192,8 @@ class _Planner:
         self.classes: list[tuple] = []
         self.class_of: dict[tuple, int] = {}  # a signature -> its class
         self.record_class: list[int] = []  # per record (live ones, in order): its class
-        self.templates: list[Template | str | None] = []  # per class; None for sums of terms
+        self.templates: list[Template | Segment | str | None] = []  # per class; None for sums of terms
+        self.first_records: list[TraceRecord] = []  # per class: its first record
 
     # ------------------------------------------------------------------ signing
     def sign(self, records: Sequence[TraceRecord], preds: list[list[int]]) -> Problem:
@@ -186,8 +205,9 @@ class _Planner:
             if cls is None:
                 cls = class_of[record.key] = self._class(record)
             record_class.append(cls)
+        sig = self._merge_ragged()[np.array(record_class, dtype=np.int64)]
+        self.record_class = sig.tolist()
         solo = np.array([isinstance(t, Template) and t.solo for t in self.templates], dtype=bool)
-        sig = np.array(record_class, dtype=np.int64)
         sig[solo[sig]] = UNBATCHABLE  # the schedulers run these one by one, and the bound counts them so
         return problem_from(list(range(len(records))), sig, preds, self.classes)
 
@@ -204,6 +224,7 @@ class _Planner:
         if cls is None:
             cls = self.class_of[signature] = len(self.classes)
             self.classes.append(signature)
+            self.first_records.append(record)
             if signature[2] == SUM_OF_TERMS:
                 self.templates.append(None)
             elif is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
@@ -211,6 +232,47 @@ class _Planner:
             else:
                 self.templates.append(self._template(record, None) or self._template(record, None, solo=True))
         return cls
+
+    def _merge_ragged(self) -> np.ndarray:
+        """Classes that differ only in the length of their rows, of a row-wise op, become one
+        ragged class (``batcher.ragged``); the new class of every class."""
+        opset = self.opsets.get("", 1)
+        alike: dict[tuple, list[int]] = {}
+        for cls, record in enumerate(self.first_records):
+            signature = ragged_signature(record, self.weights, opset)
+            if signature is not None:
+                alike.setdefault(signature, []).append(cls)
+        merged = list(range(len(self.classes)))
+        for signature, classes in alike.items():
+            if len(classes) < 2:
+                continue  # one length: the class batches as it is
+            template = self._ragged_template(self.first_records[classes[0]])
+            if template is None:
+                continue
+            for cls in classes:
+                merged[cls] = len(self.classes)
+            self.classes.append(signature)
+            self.templates.append(template)
+            self.first_records.append(self.first_records[classes[0]])
+        return np.array(merged, dtype=np.int64)
+
+    def _ragged_template(self, record: TraceRecord) -> Template | Segment | None:
+        """The op itself over rows of any number (``R``), cached as templates are."""
+        if record.op_type in SEGMENT_REDUCTIONS:
+            keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
+            return Segment(record.op_type == "ReduceMean", bool(keepdims))
+        specs, baked = self._operand_specs(record)
+        rows = tuple(("x", spec[1], ("R", *spec[2][1:])) if spec is not None and spec[0] == "x" else spec
+                     for spec in specs)
+        key = ("ragged", record.op_type, self.opsets.get("", 1), attributes_key(record.attributes), rows,
+               tuple(map(bool, record.outputs)))
+        if key not in _templates:
+            node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, list(record.inputs),
+                        list(record.outputs), 0, "")
+            solo = _build_solo(node, rows, baked, self.functions, self.opsets)
+            _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True)
+        template = _templates[key]
+        return template if isinstance(template, Template) else None
 
     def _place_literals(self) -> None:
         """Every literal: a row of its arena."""
@@ -302,6 +364,8 @@ class _Planner:
     def step(self, members: list[TraceRecord], cls: int) -> Step:
         first = members[0]
         template = self.templates[cls]
+        if isinstance(template, Segment) or isinstance(template, Template) and template.ragged:
+            return self._ragged_step(members, template)
         outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
         if template is None:  # a sum of terms
             terms = [name for member in members for name in member.inputs]
@@ -319,6 +383,26 @@ class _Planner:
             reads = [self._rows(inputs[i]) for i in template.stacked]
         writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
+
+    def _ragged_step(self, members: list[TraceRecord], template: Template | Segment) -> Step:
+        """Members ordered by length: each group of one length reads its rows from one arena."""
+        data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
+        members = sorted(members, key=lambda member: member.entries[data].shape[0])
+        lengths = [member.entries[data].shape[0] for member in members]
+        groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
+        bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
+        inputs = list(zip(*[member.inputs for member in members]))
+        stacked = [data] if isinstance(template, Segment) else template.stacked
+        reads = [[self._rows(inputs[i][lo:hi]) for lo, hi in zip(bounds, bounds[1:])] for i in stacked]
+        outputs = list(zip(*[member.outputs for member in members]))
+        if isinstance(template, Segment):  # one output, of one shape: K rows of one arena
+            offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
+            return Step(None, len(members), reads, [], [self._write(members[0], 0, outputs[0], False)], offsets,
+                        groups, template)
+        writes = [[self._write(members[lo], k, names[lo:hi], False) for lo, hi in zip(bounds, bounds[1:])]
+                  for k, names in enumerate(outputs) if names[0]]
+        return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
+                    groups=groups)
 
     def _rows(self, names: Sequence[str]) -> tuple[int, slice | np.ndarray]:
         """The arena holding these values (one: they have one type) and their rows in it."""

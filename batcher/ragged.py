@@ -1,0 +1,96 @@
+"""Ragged batching: instances whose values differ in length along axis 0 (sentences of
+different lengths as ``[n, d]`` matrices) still batch where an op treats rows independently.
+Their rows are concatenated (no padding), the op runs once on ``[sum of n, ...]``, and the
+result is split back; a reduction over axis 0 reduces each instance's run of rows. The flat
+planner merges the signature classes that differ only in that length (``ragged_signature``).
+
+Row-wise here: elementwise ops whose per-instance operands all have one shape and whose shared
+operands do not reach axis 0 (a lower rank, or a size of 1 there); MatMul of a per-instance ``[n, k]`` by a shared
+``[k, m]``; Gather of a shared table by per-instance indices ``[n]`` (embedding lookups);
+Softmax and LogSoftmax over a later axis. ReduceSum and ReduceMean over axis 0 alone are
+segment reductions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from onnx import helper
+
+from autobatch.batcher.signature import attributes_key
+from autobatch.ir import ValueType
+
+ELEMENTWISE = frozenset({
+    "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
+    "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
+    "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Cast",
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "Less",
+    "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod",
+})
+SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
+
+
+def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int) -> tuple | None:
+    """The record's signature without the length of its rows, or None when the op is not
+    row-wise for these operands (see the module). ``record`` is a ``flat.TraceRecord``."""
+    if record.domain:
+        return None
+    data = [(i, entry) for i, entry in enumerate(record.entries) if isinstance(entry, ValueType)]
+    shapes = [entry.shape for _, entry in data]
+    if not shapes or any(not shape for shape in shapes) or any(shape[0] != shapes[0][0] for shape in shapes):
+        return None
+    length, rank = shapes[0][0], len(shapes[0])
+    if record.op_type in SEGMENT_REDUCTIONS:
+        if segment_keepdims(record, weights, opset) is None:
+            return None
+    elif not _row_wise(record, data, rank, weights):
+        return None
+    else:
+        for name, vtype in zip(record.outputs, record.types):
+            if name and (not vtype.shape or vtype.shape[0] != length):
+                return None
+    entries = tuple(("rows", e.elem_type, e.shape[1:]) if isinstance(e, ValueType) else e for e in record.entries)
+    return ("ragged", record.op_type, attributes_key(record.attributes), entries, tuple(map(bool, record.outputs)))
+
+
+def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights: Mapping[str, np.ndarray]) -> bool:
+    op, entries = record.op_type, record.entries
+    shared = [np.shape(weights[e]) for e in entries if isinstance(e, str) and e]
+    if op in ELEMENTWISE:  # a shared operand may broadcast along axis 0 only from a size of 1
+        return (all(entry.shape == data[0][1].shape for _, entry in data)
+                and all(len(shape) < rank or len(shape) == rank and shape[0] == 1 for shape in shared))
+    if op == "MatMul":
+        return [i for i, _ in data] == [0] and rank == 2 and [len(shape) for shape in shared] == [2]
+    if op == "Gather":
+        return [i for i, _ in data] == [1] and rank == 1 and _attribute(record, "axis", 0) == 0
+    if op in ("Softmax", "LogSoftmax"):
+        return len(data) == 1 and rank >= 2 and _attribute(record, "axis", -1) % rank != 0
+    return False
+
+
+def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int) -> bool | None:
+    """For a ReduceSum/ReduceMean of floats over axis 0 alone: whether it keeps that axis;
+    else None."""
+    data = record.entries[0]
+    if not isinstance(data, ValueType) or data.dtype is None or data.dtype.kind != "f":
+        return None
+    if any(isinstance(entry, ValueType) for entry in record.entries[1:]):
+        return None
+    uses_input = record.op_type == "ReduceSum" and opset >= 13 or opset >= 18
+    if uses_input:
+        if len(record.entries) < 2 or not isinstance(record.entries[1], str) or not record.entries[1]:
+            return None
+        axes = np.asarray(weights[record.entries[1]]).ravel().tolist()
+    else:
+        axes = list(_attribute(record, "axes", []))
+    rank = len(data.shape)
+    if [a % rank for a in axes] != [0] or _attribute(record, "noop_with_empty_axes", 0):
+        return None
+    return bool(_attribute(record, "keepdims", 1))
+
+
+def _attribute(record: Any, name: str, default: Any) -> Any:
+    proto = record.attributes.get(name)
+    return default if proto is None else helper.get_attribute_value(proto)

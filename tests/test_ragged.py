@@ -1,0 +1,140 @@
+"""Ragged batching (``batcher/ragged.py``): instances of different lengths along axis 0 share a
+launch for row-wise ops and segment reductions, and still equal each instance run alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import autobatch
+from autobatch import Batch, Parameter, ops
+
+LENGTHS = [3, 1, 5, 3, 2, 5, 4]
+
+
+def model(body: str, inputs: str = "float[N, 4] x", outputs: str = "float[M] y", weights: str = "") -> onnx.ModelProto:
+    return onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 18]>
+    g ({inputs}) => ({outputs}) {('<' + weights + '>') if weights else ''} {{ {body} }}""")
+
+
+W = ("float[4, 3] W = {1.0, -2.0, 0.5, 0.25, 1.0, -1.0, 0.0, 0.5, 2.0, -1.0, 0.75, 1.5}, "
+     "float[3] b = {0.1, -0.2, 0.3}")
+POOLED = model("h = MatMul(x, W)\n t = Tanh(h)\n u = Add(t, b)\n y = ReduceMean<keepdims=0>(u, axis)",
+               outputs="float[3] y", weights=W + ", int64[1] axis = {0}")
+
+
+def feeds(lengths: list[int], seed: int = 0, name: str = "x") -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{name: rng.standard_normal((n, 4)).astype(np.float32)} for n in lengths]
+
+
+@pytest.fixture(params=["numpy", "onnxruntime"])
+def backend(request):
+    return request.param
+
+
+def assert_equal_alone(session: autobatch.InferenceSession, instances: list[dict]) -> None:
+    batched = session.run_batch(None, instances)
+    assert session.general_path_reason is None, session.general_path_reason
+    for instance, outputs in zip(instances, batched, strict=True):
+        for alone, got in zip(session.run(None, instance), outputs, strict=True):
+            assert got.shape == alone.shape and got.dtype == alone.dtype
+            np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_instances_of_different_lengths_share_each_launch(backend):
+    """Before ragged batching each length made its own MatMul, Tanh, Add and ReduceMean."""
+    session = autobatch.InferenceSession(POOLED, backend=backend)
+    assert_equal_alone(session, feeds(LENGTHS))
+    assert session.stats.report.launches == 4 == session.stats.report.lower_bound
+    assert_equal_alone(session, feeds([2, 7, 2], seed=1))  # other lengths: the same templates serve
+
+
+# case -> (body, outputs, weights, whether its lengths share launches)
+CASES = {
+    "shared operand of lower rank": ("y = Mul(x, b4)", "float[N, 4] y", "float[4] b4 = {1.0, 2.0, 3.0, 4.0}", True),
+    "per-instance operands of one shape": ("s = Mul(x, x)\n y = Sub(s, x)", "float[N, 4] y", "", True),
+    "softmax over the last axis": ("y = Softmax<axis=-1>(x)", "float[N, 4] y", "", True),
+    "log-softmax over axis 1": ("y = LogSoftmax<axis=1>(x)", "float[N, 4] y", "", True),
+    "sum over axis 0, kept": ("y = ReduceSum<keepdims=1>(x, axis)", "float[1, 4] y", "int64[1] axis = {0}", True),
+    "cast": ("y = Cast<to=11>(x)", "double[N, 4] y", "", True),
+    "a shared row broadcast along axis 0": ("y = Add(x, r)", "float[N, 4] y", "float[1, 4] r = {1.0, 2.0, 3.0, 4.0}",
+                                            True),
+    # rows meet rows of the same instance: each length keeps its own launch
+    "a product of two per-instance operands": ("t = Transpose<perm=[1, 0]>(x)\n y = MatMul(x, t)", "float[N, N] y",
+                                               "", False),
+    "softmax over axis 0": ("y = Softmax<axis=0>(x)", "float[N, 4] y", "", False),
+    "a max over axis 0": ("y = ReduceMax<keepdims=0>(x, axis)", "float[4] y", "int64[1] axis = {0}", False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_row_wise_ops_merge_lengths_and_others_do_not(backend, case):
+    body, outputs, weights, merged = CASES[case]
+    session = autobatch.InferenceSession(model(body, outputs=outputs, weights=weights), backend=backend)
+    assert_equal_alone(session, feeds(LENGTHS))
+    launches = session.stats.report.launches
+    if merged:
+        assert launches == len(body.splitlines())  # one an op
+    else:
+        assert launches >= len(set(LENGTHS))  # at least one a length
+
+
+def test_embedding_lookup_of_sentences_of_different_lengths(backend):
+    table = "float[6, 2] E = {0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0}"
+    session = autobatch.InferenceSession(model("e = Gather<axis=0>(E, ids)\n y = Tanh(e)", inputs="int64[N] ids",
+                                               outputs="float[N, 2] y", weights=table), backend=backend)
+    rng = np.random.default_rng(0)
+    assert_equal_alone(session, [{"ids": rng.integers(0, 6, n)} for n in LENGTHS])
+    assert session.stats.report.launches == 2
+
+
+def test_traced_matrices_of_different_lengths(backend):
+    """The traced path merges lengths too: sentences as [n, d] matrices through an affine map."""
+    rng = np.random.default_rng(0)
+    weight = Parameter(rng.standard_normal((4, 3)).astype(np.float32))
+    bias = Parameter(rng.standard_normal(3).astype(np.float32))
+    sentences = [rng.standard_normal((n, 4)).astype(np.float32) for n in LENGTHS]
+    with Batch(backend=backend) as batch:
+        outputs = [ops.tanh(ops.affine(batch.constant(s), weight, bias)) for s in sentences]
+        values = batch.run(outputs)
+    assert batch.general_path_reason is None
+    assert batch.reports[-1].launches == 3  # MatMul, Add, Tanh: once each, whatever the lengths
+    for sentence, value in zip(sentences, values, strict=True):
+        np.testing.assert_allclose(value, np.tanh(sentence @ weight.array + bias.array), rtol=1e-5, atol=1e-6)
+
+
+def random_program(seed: int):
+    """A random chain of row-wise steps over an [n, 4] matrix, ending (or not) in a sum over
+    rows; the same program for every instance."""
+    rng = np.random.default_rng(seed)
+    weight = Parameter(rng.standard_normal((4, 4)).astype(np.float32) / 2)
+    shift = Parameter(rng.standard_normal(4).astype(np.float32))
+    steps = rng.choice(["tanh", "affine", "square", "shift", "softmax", "relu"], size=int(rng.integers(2, 7)))
+    pooled = bool(rng.integers(2))
+
+    def program(x):
+        for step in steps:
+            x = {"tanh": ops.tanh, "relu": ops.relu, "square": lambda v: v * v, "softmax": ops.softmax,
+                 "affine": lambda v: ops.matmul(v, weight), "shift": lambda v: v + shift}[step](x)
+        return ops.reduce_sum(x, axis=0) if pooled else x
+
+    program.ops = len(steps) + pooled  # type: ignore[attr-defined]
+    return program
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_row_wise_programs_equal_each_instance_alone(backend, seed):
+    program = random_program(seed)
+    rng = np.random.default_rng(100 + seed)
+    lengths = rng.integers(1, 6, size=6).tolist()
+    sentences = [rng.standard_normal((n, 4)).astype(np.float32) for n in lengths]
+    with Batch(backend=backend) as batch:
+        values = batch.run([program(batch.constant(s)) for s in sentences])
+    assert batch.general_path_reason is None
+    assert batch.reports[-1].launches == program.ops  # one launch an op, whatever the lengths
+    for sentence, value in zip(sentences, values, strict=True):
+        with Batch(backend=backend, flat=False) as alone:
+            expected = alone.run([program(alone.constant(sentence))])[0]
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)
