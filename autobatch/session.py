@@ -104,6 +104,7 @@ class InferenceSession:
         self._flat = None if self._control_flow or not flat else flat_executor(backend, threads, providers)
         self._flat_plans: dict[tuple, _FlatPlan | str] = {}
         self._instance_records: dict[tuple, InstanceRecords | str] = {}  # per input signature, or why not flat
+        self._known_records: dict = {}  # what flat plans learnt of those records' keys (``plan_records``)
         self.general_path_reason: str | None = None  # why the last batch did not take the flat path
 
     def get_inputs(self) -> list[str]:
@@ -183,7 +184,7 @@ class InferenceSession:
                 records, producer = mix_records(pieces)
                 producers = [producer[name] for name in wanted if name in producer]
                 plan = plan_records(records, wanted, producers, pieces[0].weights, union_feeds, self.graph.functions,
-                                    self.graph.opset_imports, self.batching.scheduler_name)
+                                    self.graph.opset_imports, self.batching.scheduler_name, self._known_records)
             except NotFlat as why:
                 entry = str(why)
             else:

@@ -147,17 +147,18 @@ _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
 
 def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
-                 opsets: Mapping[str, int], scheduler: str) -> FlatPlan:
+                 opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
-    by every instance; ``literals`` are data of one instance."""
+    by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
+    learnt of record keys, for a caller whose keys (and weights) stay the same across plans."""
     if opsets.get("", 1) < MIN_STACKING_OPSET:
         raise NotFlat(f"opset {opsets.get('', 1)} has no Reshape with a shape input")
     if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
         _templates.clear()
         _keyed_functions.clear()
     start = time.perf_counter()
-    planner = _Planner(weights, literals, functions, opsets)
+    planner = _Planner(weights, literals, functions, opsets, known)
     records, preds = _live(records, producers)
     problem = planner.sign(records, preds)
     analysed = time.perf_counter()
@@ -179,7 +180,7 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
 
 class _Planner:
     def __init__(self, weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray],
-                 functions: Functions, opsets: Mapping[str, int]) -> None:
+                 functions: Functions, opsets: Mapping[str, int], known: dict[Hashable, tuple] | None = None) -> None:
         self.weights = weights
         self.literals = literals
         self.functions = functions
@@ -194,6 +195,10 @@ class _Planner:
         self.record_class: list[int] = []  # per record (live ones, in order): its class
         self.templates: list[Template | Segment | str | None] = []  # per class; None for sums of terms
         self.first_records: list[TraceRecord] = []  # per class: its first record
+        self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
+        # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
+        # across plans (``InferenceSession``: records kept per input signature), else per plan.
+        self.known: dict[Hashable, tuple] = known if known is not None else {}
 
     # ------------------------------------------------------------------ signing
     def sign(self, records: Sequence[TraceRecord], preds: list[list[int]]) -> Problem:
@@ -213,6 +218,22 @@ class _Planner:
 
     def _class(self, record: TraceRecord) -> int:
         """The class of a record's signature, made (with its template) when new."""
+        known = self.known.get(record.key)
+        if known is None:
+            known = self.known[record.key] = self._kind(record)
+        signature, template, ragged = known
+        cls = self.class_of.get(signature)
+        if cls is None:
+            cls = self.class_of[signature] = len(self.classes)
+            self.classes.append(signature)
+            self.templates.append(template)
+            self.first_records.append(record)
+            self.ragged.append(ragged)
+        return cls
+
+    def _kind(self, record: TraceRecord) -> tuple[tuple, Template | str | None, tuple | None]:
+        """A record's signature, its class's template, and its signature without the length of
+        its rows where the op is row-wise (``batcher.ragged``)."""
         signature = self._sum_key(record)
         if signature is None:
             for name, vtype in zip(record.outputs, record.types):  # static: stacked in arenas
@@ -220,26 +241,19 @@ class _Planner:
                     raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
             signature = (record.domain, record.op_type, attributes_key(record.attributes), record.entries,
                          tuple(map(bool, record.outputs)))
-        cls = self.class_of.get(signature)
-        if cls is None:
-            cls = self.class_of[signature] = len(self.classes)
-            self.classes.append(signature)
-            self.first_records.append(record)
-            if signature[2] == SUM_OF_TERMS:
-                self.templates.append(None)
-            elif is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
-                self.templates.append(self._template(record, None, solo=True))
-            else:
-                self.templates.append(self._template(record, None) or self._template(record, None, solo=True))
-        return cls
+        if signature[2] == SUM_OF_TERMS:
+            template = None
+        elif is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
+            template = self._template(record, None, solo=True)
+        else:
+            template = self._template(record, None) or self._template(record, None, solo=True)
+        return signature, template, ragged_signature(record, self.weights, self.opsets.get("", 1))
 
     def _merge_ragged(self) -> np.ndarray:
         """Classes that differ only in the length of their rows, of a row-wise op, become one
         ragged class (``batcher.ragged``); the new class of every class."""
-        opset = self.opsets.get("", 1)
         alike: dict[tuple, list[int]] = {}
-        for cls, record in enumerate(self.first_records):
-            signature = ragged_signature(record, self.weights, opset)
+        for cls, signature in enumerate(self.ragged):
             if signature is not None:
                 alike.setdefault(signature, []).append(cls)
         merged = list(range(len(self.classes)))
@@ -254,6 +268,7 @@ class _Planner:
             self.classes.append(signature)
             self.templates.append(template)
             self.first_records.append(self.first_records[classes[0]])
+            self.ragged.append(signature)
         return np.array(merged, dtype=np.int64)
 
     def _ragged_template(self, record: TraceRecord) -> Template | Segment | None:
