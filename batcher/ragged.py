@@ -6,8 +6,9 @@ planner merges the signature classes that differ only in that length (``ragged_s
 
 Row-wise here: elementwise ops whose per-instance operands all have one shape and whose shared
 operands do not reach axis 0 (a lower rank, or a size of 1 there); MatMul of a per-instance ``[n, k]`` by a shared
-``[k, m]``; Gather of a shared table by per-instance indices ``[n]`` (embedding lookups);
-Softmax and LogSoftmax over a later axis. ReduceSum and ReduceMean over axis 0 alone are
+``[k, m]``; Gemm of such an ``[n, k]`` (not transposed); Gather of a shared table by per-instance indices
+``[n]`` (embedding lookups); Softmax, LogSoftmax and LayerNormalization over a later axis;
+Concat of per-instance operands along a later axis. ReduceSum and ReduceMean over axis 0 alone are
 segment reductions.
 """
 
@@ -27,7 +28,7 @@ ELEMENTWISE = frozenset({
     "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
     "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Cast",
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "Less",
-    "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod",
+    "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip",
 })
 SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
 
@@ -63,6 +64,12 @@ def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights
                 and all(len(shape) < rank or len(shape) == rank and shape[0] == 1 for shape in shared))
     if op == "MatMul":
         return [i for i, _ in data] == [0] and rank == 2 and [len(shape) for shape in shared] == [2]
+    if op == "Gemm":  # A [n, k] by a shared B, plus a shared C that is a row at most
+        return ([i for i, _ in data] == [0] and rank == 2 and not _attribute(record, "transA", 0)
+                and len(shared[0]) == 2 and all(len(shape) < 2 or shape[0] == 1 for shape in shared[1:]))
+    if op in ("Concat", "LayerNormalization"):  # along, or over, later axes only
+        axis = _attribute(record, "axis", -1)
+        return axis % rank != 0 and (op != "Concat" or len(data) == len(entries))
     if op == "Gather":
         return [i for i, _ in data] == [1] and rank == 1 and _attribute(record, "axis", 0) == 0
     if op in ("Softmax", "LogSoftmax"):

@@ -61,10 +61,17 @@ CASES = {
     "cast": ("y = Cast<to=11>(x)", "double[N, 4] y", "", True),
     "a shared row broadcast along axis 0": ("y = Add(x, r)", "float[N, 4] y", "float[1, 4] r = {1.0, 2.0, 3.0, 4.0}",
                                             True),
+    "layer norm over the last axis": ("y = LayerNormalization<axis=-1>(x, g, b4)", "float[N, 4] y",
+                                      "float[4] g = {1.0, 0.5, 2.0, 1.5}, float[4] b4 = {0.0, 1.0, -1.0, 0.5}", True),
+    "gemm by a shared matrix": ("y = Gemm<alpha=0.5>(x, m, c)", "float[N, 2] y",
+                                "float[4, 2] m = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}, float[2] c = {1.0, -1.0}", True),
+    "concat along axis 1": ("t = Tanh(x)\n y = Concat<axis=1>(x, t)", "float[N, 8] y", "", True),
+    "clip by shared bounds": ("y = Clip(x, lo, hi)", "float[N, 4] y", "float lo = {-0.5}, float hi = {0.5}", True),
     # rows meet rows of the same instance: each length keeps its own launch
     "a product of two per-instance operands": ("t = Transpose<perm=[1, 0]>(x)\n y = MatMul(x, t)", "float[N, N] y",
                                                "", False),
     "softmax over axis 0": ("y = Softmax<axis=0>(x)", "float[N, 4] y", "", False),
+    "concat along axis 0": ("y = Concat<axis=0>(x, x)", "float[M, 4] y", "", False),
     "a max over axis 0": ("y = ReduceMax<keepdims=0>(x, axis)", "float[4] y", "int64[1] axis = {0}", False),
 }
 
