@@ -143,8 +143,11 @@ def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak],
                     limit: int | None = None) -> Schedule | None:
     # pending[cls][lvl]: nodes of class cls at level lvl not launched yet.
     pending: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for i in np.flatnonzero(problem.sig != UNBATCHABLE):
-        pending[int(problem.sig[i])][int(problem.level[i])] += 1
+    batchable = problem.sig != UNBATCHABLE
+    levels = int(problem.level.max(initial=0)) + 1
+    codes, counts = np.unique(problem.sig[batchable] * levels + problem.level[batchable], return_counts=True)
+    for code, count in zip(codes.tolist(), counts.tolist()):
+        pending[code // levels][code % levels] = count
     lowest = {cls: min(levels) for cls, levels in pending.items()}  # kept up to date below
     highest = {cls: max(levels) for cls, levels in pending.items()}
     key = tie_break(problem)
