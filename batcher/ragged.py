@@ -43,6 +43,8 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int)
     if not shapes or any(not shape for shape in shapes) or any(shape[0] != shapes[0][0] for shape in shapes):
         return None
     length, rank = shapes[0][0], len(shapes[0])
+    if length == 0:  # no rows: an empty reduction has a value of its own (0, or NaN for a mean)
+        return None
     if record.op_type in SEGMENT_REDUCTIONS:
         if segment_keepdims(record, weights, opset) is None:
             return None

@@ -51,6 +51,13 @@ def test_instances_of_different_lengths_share_each_launch(backend):
     assert_equal_alone(session, feeds([2, 7, 2], seed=1))  # other lengths: the same templates serve
 
 
+@pytest.mark.filterwarnings("ignore:Mean of empty slice", "ignore:invalid value encountered")  # NumPy: NaN
+def test_instances_without_rows_batch_apart(backend):
+    """An instance of length 0 is not merged: an empty sum or mean has a value of its own."""
+    session = autobatch.InferenceSession(POOLED, backend=backend)
+    assert_equal_alone(session, feeds([3, 0, 2, 0, 4]))
+
+
 # case -> (body, outputs, weights, whether its lengths share launches)
 CASES = {
     "shared operand of lower rank": ("y = Mul(x, b4)", "float[N, 4] y", "float[4] b4 = {1.0, 2.0, 3.0, 4.0}", True),
