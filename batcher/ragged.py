@@ -80,10 +80,10 @@ def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights
 
 
 def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int) -> bool | None:
-    """For a ReduceSum/ReduceMean of floats over axis 0 alone: whether it keeps that axis;
-    else None."""
+    """For a ReduceSum/ReduceMean of float32 or float64 values over axis 0 alone: whether it
+    keeps that axis; else None. (NumPy reduces them; float16 sums would round differently.)"""
     data = record.entries[0]
-    if not isinstance(data, ValueType) or data.dtype is None or data.dtype.kind != "f":
+    if not isinstance(data, ValueType) or data.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
     if any(isinstance(entry, ValueType) for entry in record.entries[1:]):
         return None
