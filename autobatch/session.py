@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,31 @@ BACKENDS = ("numpy", "onnxruntime")
 CONTROL_FLOW = ("If", "Loop", "Scan")
 # A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
 WHOLE_PLAN_AFTER = 2
+# What a session keeps, most recently used first: a long-running server meets ever new input
+# shapes and mixes of them, and unbounded caches would only grow.
+SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
+PLANS_KEPT = 256  # plans, per mix of input signatures
+KEYS_KEPT = 65536  # what flat plans learnt of record keys
+
+
+class Recent(OrderedDict):
+    """A dict that keeps its ``size`` most recently used entries (``get`` and setting use one)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
 
 
 @dataclass
@@ -89,8 +115,8 @@ class InferenceSession:
         self.backend = backend
         self.batching = BatchingPass(scheduler)
         self.stats: SessionStats | None = None
-        self._typed: dict[tuple, Graph] = {}
-        self._plans: dict[tuple, _Plan] = {}
+        self._typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
+        self._plans: Recent = Recent(PLANS_KEPT)  # mix of input signatures -> _Plan
         # Control flow is unrolled per instance from its values, so such plans are not reused.
         self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
         if backend == "onnxruntime":
@@ -102,9 +128,9 @@ class InferenceSession:
         # Batches take the flat path where it applies (not with control flow: each batch unrolls
         # its own graph); per input signature, a flat plan or why the general path is taken.
         self._flat = None if self._control_flow or not flat else flat_executor(backend, threads, providers)
-        self._flat_plans: dict[tuple, _FlatPlan | str] = {}
-        self._instance_records: dict[tuple, InstanceRecords | str] = {}  # per input signature, or why not flat
-        self._known_records: dict = {}  # what flat plans learnt of those records' keys (``plan_records``)
+        self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
+        self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
+        self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
         self.general_path_reason: str | None = None  # why the last batch did not take the flat path
 
     def get_inputs(self) -> list[str]:

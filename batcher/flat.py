@@ -490,8 +490,11 @@ def instance_records(graph: Graph) -> InstanceRecords:
                         for name in node.inputs)
         types = [_static(graph, name) if name else None for name in node.outputs]  # None: output not wanted
         preds = sorted({producer[name] for name in node.inputs if name in producer})
+        # The key holds the attributes by content: callers keep what plans learn of keys longer
+        # than these records live, and an id could come back for other attributes.
+        key = (node.domain, node.op_type, attributes_key(node.attributes), entries)
         records.append(GraphRecord(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
-                                   entries, (node.domain, node.op_type, id(node.attributes), entries), preds))
+                                   entries, key, preds))
         producer.update((name, i) for name in node.outputs if name)
     return InstanceRecords(records, set(graph.values) - weights.keys(), producer, weights)
 

@@ -58,6 +58,29 @@ def test_a_new_mix_of_known_shapes_reuses_each_instances_records(backend):
             np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
 
 
+def test_caches_keep_only_the_most_recent_shapes_and_mixes(backend, monkeypatch):
+    """A server meets ever new shapes: what a session keeps per shape and per mix is bounded,
+    and a shape or mix forgotten is planned again, with the same results."""
+    monkeypatch.setattr(autobatch.session, "SHAPES_KEPT", 3)
+    monkeypatch.setattr(autobatch.session, "PLANS_KEPT", 2)
+    session = autobatch.InferenceSession(MODEL, backend=backend)
+    for lengths in ([1, 2], [3, 4], [5, 6], [1, 2], [7, 2], [3, 1]):
+        instances = feeds(lengths, seed=sum(lengths))
+        for instance, outputs in zip(instances, session.run_batch(None, instances), strict=True):
+            for alone, got in zip(session.run(None, instance), outputs, strict=True):
+                np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
+        assert len(session._typed) <= 3 and len(session._instance_records) <= 3
+        assert len(session._flat_plans) <= 2 and len(session._plans) <= 2
+
+
+def test_recent_keeps_the_most_recently_used():
+    recent = autobatch.session.Recent(2)
+    recent["a"], recent["b"] = 1, 2
+    assert recent.get("a") == 1  # "a" used: "b" is now the oldest
+    recent["c"] = 3
+    assert list(recent) == ["a", "c"] and recent.get("b") is None
+
+
 CONSTANT_OUTPUTS = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
 g (float[N, 4] x) => (float[N, 4] y, float[2] k, float[3] c) <float[2] k = {1.0, 2.0}> {
     y = Tanh(x)
