@@ -69,9 +69,10 @@ def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights
     if op == "Gemm":  # A [n, k] by a shared B, plus a shared C that is a row at most
         return ([i for i, _ in data] == [0] and rank == 2 and not _attribute(record, "transA", 0)
                 and len(shared[0]) == 2 and all(len(shape) < 2 or shape[0] == 1 for shape in shared[1:]))
-    if op in ("Concat", "LayerNormalization"):  # along, or over, later axes only
-        axis = _attribute(record, "axis", -1)
-        return axis % rank != 0 and (op != "Concat" or len(data) == len(entries))
+    if op == "Concat":  # per-instance operands along a later axis
+        return len(data) == len(entries) and _attribute(record, "axis", 0) % rank != 0
+    if op == "LayerNormalization":  # over later axes, by a shared scale and bias
+        return [i for i, _ in data] == [0] and _attribute(record, "axis", -1) % rank != 0
     if op == "Gather":
         return [i for i, _ in data] == [1] and rank == 1 and _attribute(record, "axis", 0) == 0
     if op in ("Softmax", "LogSoftmax"):
