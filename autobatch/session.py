@@ -36,23 +36,28 @@ KEYS_KEPT = 65536  # what flat plans learnt of record keys
 
 
 class Recent(OrderedDict):
-    """A dict that keeps its ``size`` most recently used entries (``get`` and setting use one)."""
+    """A dict that keeps its ``size`` most recently used entries (``get`` and setting use one).
+    Threads sharing a session may race on it: an entry gone meanwhile reads as missing."""
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key not in self:
+        try:
+            self.move_to_end(key)
+            return self[key]
+        except KeyError:
             return default
-        self.move_to_end(key)
-        return self[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
-        if len(self) > self.size:
-            self.popitem(last=False)
+        while len(self) > self.size:
+            try:
+                self.popitem(last=False)
+            except KeyError:  # emptied by another thread
+                break
 
 
 @dataclass

@@ -79,6 +79,9 @@ def test_recent_keeps_the_most_recently_used():
     assert recent.get("a") == 1  # "a" used: "b" is now the oldest
     recent["c"] = 3
     assert list(recent) == ["a", "c"] and recent.get("b") is None
+    recent["a"] = 4  # setting uses an entry too
+    recent["d"] = 5
+    assert list(recent) == ["a", "d"] and recent.get("a") == 4
 
 
 CONSTANT_OUTPUTS = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
