@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -71,6 +72,23 @@ def test_caches_keep_only_the_most_recent_shapes_and_mixes(backend, monkeypatch)
                 np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
         assert len(session._typed) <= 3 and len(session._instance_records) <= 3
         assert len(session._flat_plans) <= 2 and len(session._plans) <= 2
+
+
+def test_threads_sharing_a_session_get_right_results(backend, monkeypatch):
+    """Several threads batching through one session at once (small caches: entries are evicted
+    while others read them)."""
+    monkeypatch.setattr(autobatch.session, "SHAPES_KEPT", 2)
+    monkeypatch.setattr(autobatch.session, "PLANS_KEPT", 2)
+    session = autobatch.InferenceSession(MODEL, backend=backend)
+    rng = np.random.default_rng(0)
+    work = [feeds(rng.integers(1, 6, 4).tolist(), seed=k) for k in range(24)]
+    expected = [[session.run(None, instance) for instance in instances] for instances in work]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda instances: session.run_batch(None, instances), work))
+    for got_batch, want_batch in zip(results, expected, strict=True):
+        for got, want in zip(got_batch, want_batch, strict=True):
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
 def test_recent_keeps_the_most_recently_used():
