@@ -5,12 +5,17 @@ rewrites the schedule into a batched IR graph that a backend prepares and runs: 
 Python objects and steps per traced op, most of the time of a traced batch. Here each record
 arrives with a signature key and its predecessors (made while tracing), is scheduled by the
 same schedulers, and each signature class is batched by its rule ONCE into a small *template*
-graph over a symbolic batch size ``N``, kept across batches. The plan is a list of steps: the arena rows each stacked operand reads (a
-view when contiguous, else one gather), the template to run, and the rows its outputs fill.
+graph over a symbolic batch size ``N``, kept across batches. The plan is a list of steps: the
+arena rows each stacked operand reads (a view when contiguous, else one gather), the template
+to run, and the rows its outputs fill.
 
 Arenas: every per-instance value of one (dtype, shape) lives in one array, a row a value.
 Gathering the children of Tree-LSTM nodes made by many earlier steps is then one ``take``,
 not a gather per source batch plus a concat.
+
+Classes of a row-wise op that differ only in their length along axis 0 merge into one
+*ragged* class (``batcher.ragged``): its template is the op itself over the members' rows
+concatenated, and its step reads and writes one run of rows per length.
 
 An op no rule batches, or a nondeterministic one, runs once per instance (a *solo* template:
 the op itself). A batch this path does not cover raises ``NotFlat`` naming why (a subgraph, a
