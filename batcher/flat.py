@@ -252,7 +252,10 @@ class _Planner:
             template = self._template(record, None, solo=True)
         else:
             template = self._template(record, None) or self._template(record, None, solo=True)
-        return signature, template, ragged_signature(record, self.weights, self.opsets.get("", 1))
+        # A sum-of-terms class takes any number of terms: the ragged signature of one member
+        # (its terms counted) would not hold for the others.
+        ragged = None if template is None else ragged_signature(record, self.weights, self.opsets.get("", 1))
+        return signature, template, ragged
 
     def _merge_ragged(self) -> np.ndarray:
         """Classes that differ only in the length of their rows, of a row-wise op, become one

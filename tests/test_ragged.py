@@ -95,6 +95,14 @@ def test_row_wise_ops_merge_lengths_and_others_do_not(backend, case):
         assert launches >= len(set(LENGTHS))  # at least one a length
 
 
+def test_sums_of_terms_of_different_lengths(backend):
+    """A sum-of-terms class takes any number of terms, so it is not merged across lengths by
+    its first member's count (found by the property test: wrong sums, or an IndexError)."""
+    body = "t = Tanh(x)\n s = Sum(x, x, t)\n y = Sum(x, s)"
+    session = autobatch.InferenceSession(model(body, outputs="float[N, 4] y"), backend=backend)
+    assert_equal_alone(session, feeds([1, 2, 1, 3]))
+
+
 def test_embedding_lookup_of_sentences_of_different_lengths(backend):
     table = "float[6, 2] E = {0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0}"
     session = autobatch.InferenceSession(model("e = Gather<axis=0>(E, ids)\n y = Tanh(e)", inputs="int64[N] ids",
