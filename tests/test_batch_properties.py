@@ -186,10 +186,15 @@ def _feeds(length: int, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def _assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def _assert_close(got: np.ndarray, want: np.ndarray, what: str, normwise: bool = False) -> None:
+    """The contract's tolerance; ``normwise`` adds an absolute error relative to the output's
+    largest value, for batches whose summation order legitimately differs from one instance's
+    (a ragged launch concatenates instances' rows, and BLAS may then take another kernel, whose
+    last-bit differences cancellation later magnifies)."""
     assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
     if want.dtype.kind == "f":
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=what)
+        scale = float(np.abs(want).max(initial=0.0)) if normwise else 0.0
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 + 1e-5 * scale, err_msg=what)
     else:
         np.testing.assert_array_equal(got, want, err_msg=what)
 
@@ -254,7 +259,8 @@ def test_identical_instances_batch_below_node_count(case) -> None:
 @SETTINGS
 @given(programs(), st.sampled_from(sorted(SCHEDULERS)), st.sampled_from(["numpy", "onnxruntime"]))
 def test_session_run_batch_over_lengths(case, scheduler: str, backend: str) -> None:
-    """One model with a symbolic length; instances differ in their input shapes."""
+    """One model with a symbolic length; instances differ in their input shapes (compared
+    norm-wise: row-wise ops of different lengths run as one ragged launch)."""
     program, plan = case
     model = program.model(len(program.steps), "L", 0)
     session = InferenceSession(model, scheduler=scheduler, backend=backend)
@@ -264,4 +270,4 @@ def test_session_run_batch_over_lengths(case, scheduler: str, backend: str) -> N
     assert report.lower_bound <= report.launches <= report.nodes
     for k, f in enumerate(feeds):
         for j, (got, want) in enumerate(zip(batched[k], session.run(None, f))):
-            _assert_close(got, want, f"{scheduler}: instance {k} output {j}")
+            _assert_close(got, want, f"{scheduler}: instance {k} output {j}", normwise=True)
