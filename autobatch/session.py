@@ -211,7 +211,7 @@ class InferenceSession:
         cached = isinstance(entry, _FlatPlan)
         if entry is None:
             try:
-                pieces = [self._records_of(feeds) for feeds in checked]
+                pieces = [self._records_of(signature, feeds) for signature, feeds in zip(key, checked)]
                 records, producer = mix_records(pieces)
                 producers = [producer[name] for name in wanted if name in producer]
                 plan = plan_records(records, wanted, producers, pieces[0].weights, union_feeds, self.graph.functions,
@@ -235,17 +235,16 @@ class InferenceSession:
                                   seconds=seconds)
         return [arenas[arena][row, ...] for arena, row in located]  # views of this run's arenas
 
-    def _records_of(self, feeds: Mapping[str, Any]) -> InstanceRecords:
-        """The typed graph of an instance with these feeds' signature as records (made once per
-        signature); ``NotFlat`` when the flat path does not take it."""
-        key = _input_signature(feeds)
-        records = self._instance_records.get(key)
+    def _records_of(self, signature: tuple, feeds: Mapping[str, Any]) -> InstanceRecords:
+        """The typed graph of an instance with these feeds (of this input signature) as records,
+        made once per signature; ``NotFlat`` when the flat path does not take it."""
+        records = self._instance_records.get(signature)
         if records is None:
             try:
                 records = instance_records(self._typed_graph(feeds))
             except NotFlat as why:
                 records = str(why)
-            self._instance_records[key] = records
+            self._instance_records[signature] = records
         if isinstance(records, str):
             raise NotFlat(records)
         return records

@@ -247,15 +247,14 @@ class _Planner:
             signature = (record.domain, record.op_type, attributes_key(record.attributes), record.entries,
                          tuple(map(bool, record.outputs)))
         if signature[2] == SUM_OF_TERMS:
-            template = None
-        elif is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
+            # No template, and no ragged signature: the class takes any number of terms, so one
+            # member's (its terms counted) would not hold for the others.
+            return signature, None, None
+        if is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
             template = self._template(record, None, solo=True)
         else:
             template = self._template(record, None) or self._template(record, None, solo=True)
-        # A sum-of-terms class takes any number of terms: the ragged signature of one member
-        # (its terms counted) would not hold for the others.
-        ragged = None if template is None else ragged_signature(record, self.weights, self.opsets.get("", 1))
-        return signature, template, ragged
+        return signature, template, ragged_signature(record, self.weights, self.opsets.get("", 1))
 
     def _merge_ragged(self) -> np.ndarray:
         """Classes that differ only in the length of their rows, of a row-wise op, become one
