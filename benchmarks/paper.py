@@ -509,6 +509,15 @@ def run_dynet(args: argparse.Namespace, count: int, sizes: Sequence[int] = (), t
     return results
 
 
+def task_list(text: str) -> list[str]:
+    """The --tasks value, refused before anything runs when it names an unknown task."""
+    names = [t for t in text.split(",") if t]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown task(s) {unknown or text!r}; choose from {', '.join(TASKS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="correctness on a few small instances of every task")
@@ -517,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up (fastest kept)")
     parser.add_argument("--one-at-a-time", type=int, default=16,
                         help="instances timed one at a time (the first ones of the minibatch)")
-    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--tasks", default=",".join(TASKS), type=task_list,
+                        help=f"comma-separated, from {', '.join(TASKS)}")
     parser.add_argument("--json", help="write the records here")
     parser.add_argument("--plot", help="write a PNG of throughput vs minibatch size (Tree-LSTM, BiLSTM) here")
     parser.add_argument("--sizes", default="1,4,16,64,256", help="minibatch sizes of the plot")
@@ -525,7 +535,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-dynet", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args(argv)
-    args.tasks = [t for t in args.tasks.split(",") if t]
     if args.quick:
         args.minibatch, args.size, args.repeats, args.one_at_a_time = 3, 32, 0, 3
         args.plot = args.plot and None
@@ -553,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             if fastest:
                 print("  " + time_split(fastest))
         if args.profile:
-            for name in ("treelstm", "bilstm"):
+            for name in args.tasks:
                 fastest = best(records, task=name, system="ours", variant=is_batched)
                 if fastest is None:
                     continue

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from benchmarks.paper import main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,3 +31,9 @@ def test_benchmarks_quick(tmp_path: Path) -> None:
         ours = [r for r in records if r["task"] == task and r["system"] == "ours"]
         assert len(ours) == 16  # 2 forms x 2 backends x (one at a time + 3 schedulers)
         assert all(r["check"] == "ok" and r["instances_per_s"] > 0 for r in records if r["task"] == task)
+
+
+def test_unknown_task_is_refused_before_anything_runs() -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["--quick", "--tasks", "treelstm,tagger"])
+    assert refused.value.code == 2
