@@ -82,6 +82,7 @@ class Cell:
 
     def _trace(self, args: list[Tensor], index: int) -> TracedCell:
         inner = Batch()
+        inner.folds_lookups = False
         token = _current.set(inner)
         try:
             formal = [Tensor(inner, f"arg{i}", t.shape, t.dtype) for i, t in enumerate(args)]

@@ -227,8 +227,15 @@ _AXIS_0 = attributes(axis=0)
 
 def pick(x: Operand, i: Any) -> Tensor:
     """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick."""
-    # A parameter (an embedding lookup: the common case) is taken straight into the batch.
-    t = current_batch().parameter(x) if type(x) is Parameter else _tensors("Gather", x)[0]
+    if type(x) is Parameter:  # an embedding lookup: the common case
+        batch = current_batch()
+        if not x.shape:
+            raise TraceError("Gather: cannot pick from a scalar")
+        if not isinstance(i, Tensor) and batch.folds_lookups:
+            return batch.row(x, int(i))
+        t = batch.parameter(x)
+    else:
+        t = _tensors("Gather", x)[0]
     if not t.shape:
         raise TraceError("Gather: cannot pick from a scalar")
     if isinstance(i, Tensor):

@@ -234,6 +234,9 @@ class Batch:
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
         self._shared: dict[tuple, str] = {}
         self._scalars: dict[tuple, Tensor] = {}  # (type, value, dtype asked) of a Python scalar -> its literal
+        # (id(parameter), index) -> (the parameter, kept alive so that its id stays its own; its row)
+        self._rows: dict[tuple[int, int], tuple[Parameter, Tensor]] = {}
+        self.folds_lookups = True  # False while tracing a cell: its body reads parameters, never copies of them
         self._names = itertools.count()
         self._instance = 0
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
@@ -305,6 +308,19 @@ class Batch:
             self._weights[name] = parameter.array
             self.parameters_used[name] = parameter
         return tensor
+
+    def row(self, parameter: Parameter, index: int) -> Tensor:
+        """Row ``index`` of a parameter, known now (an embedding lookup by a Python int): a view
+        of the parameter read as data, so it costs the batch no traced op, no planning and no
+        launch. Equal lookups share one tensor."""
+        known = self._rows.get((id(parameter), index))
+        if known is None:
+            if not -parameter.shape[0] <= index < parameter.shape[0]:
+                raise TraceError(f"Gather: index {index} is out of range for shape {parameter.shape}")
+            value = parameter.array[index]
+            known = self._rows[id(parameter), index] = (
+                parameter, Tensor(self, f"c{next(self._names)}", value.shape, value.dtype, value))
+        return known[1]
 
     def as_tensor(self, value: Any) -> Tensor:
         if isinstance(value, Tensor):

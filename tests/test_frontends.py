@@ -267,9 +267,44 @@ def test_concat_with_a_shared_parameter_batches():
         rows = [ops.concat([ops.lookup(table, i), pad]) for i in (3, 1, 7)]
         batch.run(rows)
     report = batch.reports[0]
-    assert report.fallback_nodes == 0 and report.launches == 2  # one Gather, one Concat
+    assert report.fallback_nodes == 0 and report.launches == 1  # one Concat (the lookups are known rows)
     for i, row in zip((3, 1, 7), rows):
         np.testing.assert_array_equal(row.numpy(), np.concatenate([table.array[i], pad.array]))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_lookup_by_a_python_int_is_a_known_row_not_a_traced_op(backend):
+    table = Parameter(RNG.standard_normal((10, 4)).astype(np.float32), name="table")
+    with Batch(backend=backend) as batch:
+        first, again, last = ops.lookup(table, 3), ops.lookup(table, 3), ops.lookup(table, -1)
+        assert first is again  # equal lookups share one tensor
+        assert first.value is not None and np.shares_memory(first.value, table.array)  # a view, no copy
+        with pytest.raises(TraceError, match=r"index 10 is out of range for shape \(10, 4\)"):
+            ops.lookup(table, 10)
+        hidden = [ops.tanh(ops.lookup(table, i)) for i in (3, 1, 7, 3)]
+        batch.run(hidden)
+    report = batch.reports[0]
+    assert report.nodes == 4 and report.launches == 1  # the Tanh only: nothing traced for the lookups
+    np.testing.assert_array_equal(last.numpy(), table.array[-1])
+    for i, h in zip((3, 1, 7, 3), hidden):
+        np.testing.assert_allclose(h.numpy(), np.tanh(table.array[i]), rtol=1e-6)
+
+
+def test_a_cell_reads_its_lookups_from_the_parameter_not_from_a_copy():
+    table = Parameter(RNG.standard_normal((10, 4)).astype(np.float32), name="table")
+
+    @cell
+    def shifted(x):
+        return x + ops.lookup(table, 2)
+
+    x = RNG.standard_normal(4).astype(np.float32)
+    with Batch() as batch:
+        first = shifted(batch.constant(x))
+        assert first.numpy() == pytest.approx(x + table.array[2])
+    table.array[2] += 1.0  # the traced cell is reused: it must read the table, not a row copied when traced
+    with Batch() as batch:
+        second = shifted(batch.constant(x))
+        assert second.numpy() == pytest.approx(x + table.array[2])
 
 
 def test_run_programs_into_a_batch_of_ones_own():
