@@ -38,11 +38,11 @@ from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
-from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter, is_nondeterministic
+from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import get_scheduler
 from autobatch.batcher.signature import attributes_key
-from autobatch.ir import Graph, Node, ValueType
+from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.types import MISSING
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,

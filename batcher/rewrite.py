@@ -9,17 +9,16 @@ per-instance (unstacked) form of a value, so graph outputs keep their names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import FunctionProto
 
 from autobatch.batcher.functions import rule_for
 from autobatch.batcher.rules import Operand, Shape
 from autobatch.batcher.signature import is_shared, sum_of_terms
-from autobatch.ir import Graph, Node, ValueType, captured_names
+from autobatch.ir import Graph, Node, ValueType, captured_names, is_nondeterministic
 
 # The name of the ops the rewrite adds to move rows between batches (gathers, stacking
 # concats, cutting a row out): backends may run these differently from compute ops.
@@ -30,9 +29,6 @@ def is_data_movement(node: Node) -> bool:
     return node.name.startswith(DATA_MOVEMENT)
 
 # Ops whose every run differs: never merged even when their inputs are identical.
-NONDETERMINISTIC = frozenset({
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-})
 # Stacking reshapes values by a shape *input*, which Reshape takes from opset 5 on.
 MIN_STACKING_OPSET = 5
 
@@ -104,14 +100,6 @@ def operands(graph: Graph, node: Node, stacked_names: Sequence[str] | None = Non
 
 def output_shapes(graph: Graph, node: Node) -> list[Shape]:
     return [tuple(graph.values[o].type.shape) if o else () for o in node.outputs]
-
-
-def is_nondeterministic(op_type: str, domain: str, functions: Mapping[tuple[str, str], FunctionProto]) -> bool:
-    """Whether every run of the op may differ: a random op, or a function calling one."""
-    if not domain:
-        return op_type in NONDETERMINISTIC
-    function = functions.get((domain, op_type))
-    return function is not None and any(is_nondeterministic(n.op_type, n.domain, functions) for n in function.node)
 
 
 def has_rule(graph: Graph, node: Node) -> bool:

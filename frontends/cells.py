@@ -19,7 +19,7 @@ import onnx
 from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
-from autobatch.ir import ValueType
+from autobatch.ir import ValueType, is_nondeterministic
 from autobatch.frontends.tracing import OPSET, Batch, Parameter, PreparedCall, Tensor, TraceError, _current
 
 CELL_DOMAIN = "autobatch.cells"
@@ -75,7 +75,7 @@ class Cell:
             batch.functions[(CELL_DOMAIN, name)] = traced.function
             parameters = batch.cell_parameters[name] = [batch.parameter(p).name for p in traced.parameters]
         return PreparedCall(name, CELL_DOMAIN, parameters, entries + tuple(parameters), traced.shapes, traced.dtypes,
-                            traced.types)
+                            traced.types, not is_nondeterministic(name, CELL_DOMAIN, batch.functions))
 
     def traced_signatures(self) -> int:
         return len(self._traced)

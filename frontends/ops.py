@@ -278,4 +278,5 @@ def reduce_sum(x: Operand, axis: int | None = None) -> Tensor:
 
 
 def zeros(shape: Sequence[int], dtype: Any = np.float32) -> Tensor:
-    return current_batch().constant(np.zeros(tuple(shape), dtype=dtype))
+    """Equal requests in one batch share a tensor, so that calls reading it can be reused."""
+    return current_batch().zeros(tuple(shape), np.dtype(dtype))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from onnx import AttributeProto, helper
 
-from autobatch.ir import Graph, Node, ValueType
+from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
 
@@ -190,6 +190,7 @@ class PreparedCall:
     shapes: list[tuple[int, ...]]
     dtypes: list[np.dtype]
     types: list[ValueType]
+    repeatable: bool  # deterministic: a call on the same values may return an earlier call's outputs
 
 
 @functools.lru_cache(maxsize=65536)
@@ -209,14 +210,18 @@ class Batch:
     """
 
     def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
-                 providers: Sequence[str] | None = None, flat: bool = True) -> None:
+                 providers: Sequence[str] | None = None, flat: bool = True, reuse_calls: bool = True) -> None:
         """``backend``: "numpy" or "onnxruntime"; ``scheduler``: "depth", "agenda" or "level".
         ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
         thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
         NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
         when it loads, else the CPU). ``flat``: plan straight from the trace records where the
         batch allows (the fast path, ``autobatch.batcher.flat``; not on CUDA, where the batched
-        graph keeps values on the device); False always builds the IR graph and rewrites it."""
+        graph keeps values on the device); False always builds the IR graph and rewrites it.
+        ``reuse_calls``: a deterministic op (or cell) called again on the same tensors returns
+        the outputs of its first call, traced and run once (common subexpressions, such as the
+        first steps of character LSTMs over words that share a prefix, or a leaf's cell on a
+        word and label seen before); ``reused_calls`` counts them."""
         from autobatch.batcher import get_scheduler
         from autobatch.session import flat_executor, make_runner_factory
 
@@ -233,7 +238,8 @@ class Batch:
         self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
         self._shared: dict[tuple, str] = {}
-        self._scalars: dict[tuple, Tensor] = {}  # (type, value, dtype asked) of a Python scalar -> its literal
+        # Literals made once a batch: (type, value, dtype asked) of a Python scalar, or ("zeros", shape, dtype)
+        self._scalars: dict[tuple, Tensor] = {}
         # (id(parameter), index) -> (the parameter, kept alive so that its id stays its own; its row)
         self._rows: dict[tuple[int, int], tuple[Parameter, Tensor]] = {}
         self.folds_lookups = True  # False while tracing a cell: its body reads parameters, never copies of them
@@ -244,6 +250,10 @@ class Batch:
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
         self.cell_parameters: dict[str, list[str]] = {}  # cell function -> its parameters' values here
         self.cell_calls: dict[tuple, PreparedCall] = {}  # (cell, operand entries) -> what its calls record
+        self.reuse_calls = reuse_calls
+        self.reused_calls = 0
+        # (record key, input names) of a pending deterministic call -> its record and outputs (held weakly)
+        self._calls: dict[tuple, tuple[int, list[weakref.ref[Tensor]]]] = {}  # ... -> (its record, its outputs)
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Batch:
@@ -286,6 +296,14 @@ class Batch:
             tensor = Tensor(self, f"c{next(self._names)}", array.shape, array.dtype, array)
             if key is not None:
                 self._scalars[key] = tensor
+        return tensor
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Tensor:
+        """Zeros of one instance (an initial state), one tensor for equal requests."""
+        key = ("zeros", shape, dtype.str)
+        tensor = self._scalars.get(key)
+        if tensor is None:
+            tensor = self._scalars[key] = self.constant(np.zeros(shape, dtype))
         return tensor
 
     def shared_constant(self, value: Any, dtype: Any = np.int64) -> Tensor:
@@ -336,24 +354,36 @@ class Batch:
                domain: str = "") -> list[Tensor]:
         """Append one op; returns its output tensors (pending)."""
         names = [tensor.name if tensor is not None else "" for tensor in inputs]
-        entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
         types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
         attributes = attrs or _NO_ATTRIBUTES
+        seen = None
+        if self.reuse_calls and not is_nondeterministic(op_type, domain, self.functions):
+            # The op, its attributes (alive while its record is) and its operands fix its outputs.
+            seen = (op_type, domain, id(attributes), *names, *types)
+            if seen in self._calls:
+                return self._outputs_again(seen, shapes, dtypes, types)
+        entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
         return self._append(op_type, domain, inputs, names, attributes, shapes, dtypes, types, entries,
-                            (domain, op_type, id(attributes), entries))
+                            (domain, op_type, id(attributes), entries), seen)
 
     def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
         """Append a call whose signature was worked out once (a cell's, for these kinds of
         operands in this batch); its shared values are read after ``inputs``."""
         names = [tensor.name for tensor in inputs]
+        seen = None
+        if call.repeatable and self.reuse_calls:
+            seen = (call, *names)
+            if seen in self._calls:
+                return self._outputs_again(seen, call.shapes, call.dtypes, call.types)
         names += call.shared
         return self._append(call.op_type, call.domain, inputs, names, _NO_ATTRIBUTES, call.shapes, call.dtypes,
-                            call.types, call.entries, call)
+                            call.types, call.entries, call, seen)
 
     def _append(self, op_type: str, domain: str, inputs: Sequence[Tensor | None], names: list[str],
                 attributes: dict[str, AttributeProto], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-                types: list[ValueType], entries: tuple, key: Hashable) -> list[Tensor]:
-        """The per-op cost of tracing, so it does as little as it can."""
+                types: list[ValueType], entries: tuple, key: Hashable, seen: tuple | None) -> list[Tensor]:
+        """The per-op cost of tracing, so it does as little as it can. ``seen``: the call as
+        ``reuse_calls`` knows it (None: not reused)."""
         literals = self._literals
         preds = []  # a record read twice is listed twice: the planner counts edges, not records
         for tensor in inputs:
@@ -369,10 +399,28 @@ class Batch:
         index = len(self._records)
         tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
                    for shape, dtype, vtype in zip(shapes, dtypes, types)]
-        self._pending += map(weakref.ref, tensors)
+        refs = list(map(weakref.ref, tensors))
+        self._pending += refs
+        if seen is not None:
+            self._calls[seen] = (index, refs)
         self._records.append(_Record(op_type, names, [t.name for t in tensors], attributes, types, self._instance,
                                      domain, entries, key, preds))
         return tensors
+
+    def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+                       types: list[ValueType]) -> list[Tensor]:
+        """The outputs of a call seen before (still pending); one nobody holds any more is made
+        anew (its record still computes it: reading it keeps the record live)."""
+        self.reused_calls += 1
+        index, refs = self._calls[seen]
+        tensors = [ref() for ref in refs]
+        for k, tensor in enumerate(tensors):
+            if tensor is None:
+                tensor = tensors[k] = Tensor(self, self._records[index].outputs[k], shapes[k], dtypes[k], None,
+                                             types[k], index)
+                refs[k] = weakref.ref(tensor)
+                self._pending.append(refs[k])
+        return tensors  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ running
     def run(self, tensors: Sequence[Tensor]) -> list[np.ndarray]:
@@ -396,6 +444,7 @@ class Batch:
     def _forget(self) -> None:
         self._records.clear()
         self._literals.clear()
+        self._calls.clear()
         self._pending = []
 
     def run_pending(self) -> None:

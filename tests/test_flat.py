@@ -52,10 +52,10 @@ def assert_all_same(got, want, what=""):
             assert_same(g, w, f"{what} instance {k}")
 
 
-def batched(fn, instances, backend="numpy", flat_path=True, scheduler="level"):
+def batched(fn, instances, backend="numpy", flat_path=True, scheduler="level", reuse_calls=True):
     """``fn(batch, instance)`` -> a tensor or a list of tensors, for every instance in one
     batch. Returns (per-instance values as copies, the batch)."""
-    with Batch(backend=backend, scheduler=scheduler, flat=flat_path) as batch:
+    with Batch(backend=backend, scheduler=scheduler, flat=flat_path, reuse_calls=reuse_calls) as batch:
         outs = [fn(batch, x) for x in instances]
         flat_outs = [t for o in outs for t in (o if isinstance(o, (list, tuple)) else [o])]
         values = [np.array(v) for v in batch.run(flat_outs)]
@@ -435,7 +435,8 @@ def test_tree_lstm_templates_are_cached_across_batches(form):
 # ----------------------------------------------------------------------------- 4. duplicates
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("instances", [1, 2, 5])
-def test_ops_on_shared_values_only_run_once(backend, instances):
+@pytest.mark.parametrize("reuse_calls", [True, False])
+def test_ops_on_shared_values_only_run_once(backend, instances, reuse_calls):
     S, W = F["S"], F["W"]
     data = [_f32(D) for _ in range(instances)]
 
@@ -443,23 +444,28 @@ def test_ops_on_shared_values_only_run_once(backend, instances):
         shared = ops.tanh(S)  # traced by every instance, the same value
         return [ops.matmul(batch.constant(x) * shared, W), shared]
 
-    got, batch = batched(fn, data, backend=backend)
+    got, batch = batched(fn, data, backend=backend, reuse_calls=reuse_calls)
     assert_flat_ran(batch)
     report = batch.last_plan.report
-    assert report.merged_duplicates == instances - 1
-    assert report.nodes == 3 * instances and report.launches == 3
-    # the duplicated op is one launch that writes one row
+    assert report.launches == 3
     once = [s for s in batch.last_plan.steps if s.template is not None and s.template.once]
-    assert len(once) == 1 and once[0].size == instances and len(once[0].writes) == 1
+    if reuse_calls:  # traced once: the later calls returned the first call's tensor
+        assert batch.reused_calls == instances - 1 and report.nodes == 2 * instances + 1
+        assert report.merged_duplicates == 0
+    else:  # traced by every instance, and merged by the planner: one launch that writes one row
+        assert batch.reused_calls == 0 and report.nodes == 3 * instances
+        assert report.merged_duplicates == instances - 1
+        assert len(once) == 1 and once[0].size == instances and len(once[0].writes) == 1
     for (value, shared), x in zip(got, data):
         assert_same(shared, np.tanh(S.array))
         assert_same(value, (x * np.tanh(S.array)) @ W.array)
-    on_general, general = batched(fn, data, backend=backend, flat_path=False)
+    on_general, general = batched(fn, data, backend=backend, flat_path=False, reuse_calls=reuse_calls)
     assert_all_same(got, on_general)
     assert general.last_plan.report.merged_duplicates == report.merged_duplicates
 
 
-def test_duplicate_cells_and_multi_output_ops_on_shared_values():
+@pytest.mark.parametrize("reuse_calls", [True, False])
+def test_duplicate_cells_and_multi_output_ops_on_shared_values(reuse_calls):
     """A cell and a Slice whose inputs are all shared run once; a Split of that Slice's value
     and the per-instance ops reading these values get every instance's right values."""
     data = [_f32(D) for _ in range(4)]
@@ -468,12 +474,15 @@ def test_duplicate_cells_and_multi_output_ops_on_shared_values():
         a, b, c = ops.split(ops.index(F["PB"], slice(0, 6)), 3)  # Slice + Split of a shared weight
         return [f_step(F["S"], F["S"]), ops.concat([a, batch.constant(x), c]), b]
 
-    got, batch = batched(fn, data)
+    got, batch = batched(fn, data, reuse_calls=reuse_calls)
     assert_flat_ran(batch)
-    on_general, general = batched(fn, data, flat_path=False)
-    # the cell and the Slice merge; the Split reads the Slice's output, which counts as a
-    # value of each instance, so it is batched over copies of one row (as on the general path)
-    assert batch.last_plan.report.merged_duplicates >= 2 * (len(data) - 1)
+    on_general, general = batched(fn, data, flat_path=False, reuse_calls=reuse_calls)
+    if reuse_calls:  # the cell, the Slice and the Split are traced once, by the first instance
+        assert batch.reused_calls == 3 * (len(data) - 1) and batch.last_plan.report.merged_duplicates == 0
+    else:
+        # the cell and the Slice merge; the Split reads the Slice's output, which counts as a
+        # value of each instance, so it is batched over copies of one row (as on the general path)
+        assert batch.last_plan.report.merged_duplicates >= 2 * (len(data) - 1)
     assert batch.last_plan.report.merged_duplicates == general.last_plan.report.merged_duplicates
     assert_all_same(got, alone(fn, data))
     assert_all_same(got, on_general)
