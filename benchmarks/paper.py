@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import inspect
 import json
 import os
@@ -61,6 +62,7 @@ class Record:
     exec_detail: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
     gflops: float | None = None
     check: str = ""
+    reused: int = 0  # our calls traced once for several callers
 
 
 # ---------------------------------------------------------------------------------------- our runs
@@ -71,6 +73,7 @@ class OurRun:
     trace_s: float
     run_s: float
     reports: list[Any]
+    reused: int = 0  # calls traced once for several callers (Batch.reused_calls)
 
 
 def _values(task: Task, results: Sequence[Any]) -> list[Any]:
@@ -102,13 +105,14 @@ def run_ours(task: Task, instances: Sequence[Any], form: str, backend: str, sche
         if failures:
             raise RuntimeError(f"parser program failed: {failures[0]}")
         total = time.perf_counter() - start
-        return OurRun(_values(task, results), total, total - run_s, run_s, batch.reports)
+        return OurRun(_values(task, results), total, total - run_s, run_s, batch.reports, batch.reused_calls)
     with batch:
         losses = [fn(x, params) for x in instances]
         traced = time.perf_counter()
         values = batch.run(losses)
     done = time.perf_counter()
-    return OurRun(_values(task, values), done - start, traced - start, done - traced, batch.reports)
+    return OurRun(_values(task, values), done - start, traced - start, done - traced, batch.reports,
+                  batch.reused_calls)
 
 
 def run_ours_one_at_a_time(task: Task, instances: Sequence[Any], form: str, backend: str) -> OurRun:
@@ -124,7 +128,10 @@ def run_ours_one_at_a_time(task: Task, instances: Sequence[Any], form: str, back
 
 
 def best_of(run: Callable[[], Any], repeats: int, seconds: Callable[[Any], float]) -> tuple[Any, Any]:
-    """(warm-up result, fastest of ``repeats`` timed results)."""
+    """(warm-up result, fastest of ``repeats`` timed results). Every variant starts from a
+    collected heap, as each DyNet setting does in its fresh subprocess: garbage that earlier
+    variants left would otherwise be collected inside later variants' timings."""
+    gc.collect()
     first = run()
     best = None
     for _ in range(repeats):
@@ -242,7 +249,7 @@ def measure_task(task: Task, args: argparse.Namespace, dynet: dict[int, dict[str
                 add("ours", f"{form}, batched {scheduler}", backend, r.seconds, count, flops, r.values,
                     launches=sum(x.launches for x in r.reports), lower_bound=sum(x.lower_bound for x in r.reports),
                     trace_s=r.trace_s, batching_s=batching, exec_s=r.run_s - batching, batching_detail=detail,
-                    exec_detail=_summed(report.execution for report in r.reports))
+                    exec_detail=_summed(report.execution for report in r.reports), reused=r.reused)
 
     # PyTorch
     if torch_runners is None:
@@ -428,7 +435,8 @@ def time_split(r: Record) -> str:
         execution = "the general path: no split"
     return (f"{r.task} {r.variant}, {r.backend}: {total * 1e3:.0f} ms = tracing {r.trace_s * 1e3:.0f} ms "
             f"({100 * r.trace_s / total:.0f}%) + batching {r.batching_s * 1e3:.0f} ms ({100 * r.batching_s / total:.0f}%: "
-            f"{batching}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: {execution})")
+            f"{batching}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: {execution}); "
+            f"{r.reused} repeated calls traced and run once (reuse_calls)")
 
 
 # ---------------------------------------------------------------------------------------- sweep and plot
