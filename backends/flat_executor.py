@@ -69,7 +69,7 @@ class FlatExecutor:
         for (elem_type, shape), rows, names in zip(plan.kinds, plan.rows, plan.literals):
             arena = np.empty((rows, *shape), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
             if names:
-                arena[:len(names)] = np.stack([literals[name] for name in names])
+                np.stack([literals[name] for name in names], out=arena[:len(names)])
             arenas.append(arena)
         gather = clock() - start
         kernels = scatter = 0.0

@@ -297,17 +297,17 @@ class _Planner:
         return template if isinstance(template, Template) else None
 
     def _place_literals(self) -> None:
-        """Every literal: a row of its arena."""
-        kinds: dict[tuple[np.dtype, tuple[int, ...]], tuple[ValueType, int]] = {}
-        for name, array in self.literals.items():
-            known = kinds.get((array.dtype, array.shape))
-            if known is None:
-                vtype = ValueType.tensor(array.dtype, array.shape)
-                known = kinds[array.dtype, array.shape] = (vtype, self.arena((vtype.elem_type, array.shape)))
-            arena = known[1]
-            self.location[name] = arena << ROW_BITS | self.rows[arena]
-            self.rows[arena] += 1
-            self.literal_rows[arena].append(name)
+        """Every literal: a row of its arena (those of one kind in a run of rows)."""
+        by_kind: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+        for name, array in self.literals.items():  # dtype.num: cheaper to hash than the dtype
+            by_kind.setdefault((array.dtype.num, array.shape), []).append(name)
+        for names in by_kind.values():
+            first = self.literals[names[0]]
+            arena = self.arena((ValueType.tensor(first.dtype, first.shape).elem_type, first.shape))
+            base = arena << ROW_BITS | self.rows[arena]
+            self.location.update(zip(names, range(base, base + len(names))))
+            self.rows[arena] += len(names)
+            self.literal_rows[arena] += names
 
     @staticmethod
     def _sum_key(record: TraceRecord) -> tuple | None:

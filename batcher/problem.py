@@ -103,6 +103,8 @@ def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.n
     n = len(preds)
     if n_classes == 0 or n == 0:
         return np.zeros(n, dtype=np.int64)
+    if not depth.any():  # no dependencies (a lockstep round over known values): every level is 1
+        return (sig != UNBATCHABLE).astype(np.int64)
     best = np.zeros((n, n_classes), dtype=np.int32)
     src = np.array(list(itertools.chain.from_iterable(preds)), dtype=np.int64)
     dst = np.repeat(np.arange(n), [len(ps) for ps in preds])

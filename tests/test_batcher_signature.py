@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from autobatch import Batch, InferenceSession
 from autobatch.backends import Interpreter
 from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem, flat, node_signature
-from autobatch.batcher.problem import UNBATCHABLE
+from autobatch.batcher.problem import UNBATCHABLE, problem_from
 from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule
 from autobatch.datasets import synthetic_tree
 from autobatch.examples import tree_lstm
@@ -382,3 +382,18 @@ def test_session_run_batch_reports_launches() -> None:
         np.testing.assert_allclose(out[k][0], session.run(None, f)[0], rtol=1e-5, atol=1e-6)
     report = session.stats.report
     assert report.nodes == 10 and report.launches == 2 == report.lower_bound
+
+
+@pytest.mark.parametrize("with_edge", [False, True])
+def test_levels_of_independent_nodes_are_one(with_edge: bool) -> None:
+    """Nodes with no dependencies (a lockstep round over known values): every batchable node
+    is level 1, so the bound is the number of classes plus the unbatchable nodes; one edge
+    makes its head level 2 in its class."""
+    from autobatch.batcher.problem import problem_from
+
+    sig = np.array([0, 1, 0, UNBATCHABLE, 1, 0], dtype=np.int64)
+    preds: list[list[int]] = [[], [], [], [], [], [0] if with_edge else []]
+    problem = problem_from(list(range(6)), sig, preds, ["a", "b"])
+    want = [1, 1, 1, 0, 1, 2 if with_edge else 1]
+    assert problem.level.tolist() == want
+    assert problem.lower_bound() == (4 if with_edge else 3)
