@@ -389,8 +389,6 @@ def test_levels_of_independent_nodes_are_one(with_edge: bool) -> None:
     """Nodes with no dependencies (a lockstep round over known values): every batchable node
     is level 1, so the bound is the number of classes plus the unbatchable nodes; one edge
     makes its head level 2 in its class."""
-    from autobatch.batcher.problem import problem_from
-
     sig = np.array([0, 1, 0, UNBATCHABLE, 1, 0], dtype=np.int64)
     preds: list[list[int]] = [[], [], [], [], [], [0] if with_edge else []]
     problem = problem_from(list(range(6)), sig, preds, ["a", "b"])
