@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
 from autobatch.batcher.fold import constant_value, constants_to_initializers
 from autobatch.frontends.onnx_control_flow import unroll_instance
-from autobatch.ir import Graph, ValueType, from_onnx
+from autobatch.ir import Graph, Recent, ValueType, from_onnx
 
 BACKENDS = ("numpy", "onnxruntime")
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -33,31 +32,6 @@ WHOLE_PLAN_AFTER = 2
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
 PLANS_KEPT = 256  # plans, per mix of input signatures
 KEYS_KEPT = 65536  # what flat plans learnt of record keys
-
-
-class Recent(OrderedDict):
-    """A dict that keeps its ``size`` most recently used entries (``get`` and setting use one).
-    Threads sharing a session may race on it: an entry gone meanwhile reads as missing."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        try:
-            self.move_to_end(key)
-            return self[key]
-        except KeyError:
-            return default
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.move_to_end(key)
-        while len(self) > self.size:
-            try:
-                self.popitem(last=False)
-            except KeyError:  # emptied by another thread
-                break
 
 
 @dataclass

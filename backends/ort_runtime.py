@@ -15,10 +15,13 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from autobatch.ir import Recent
+
 log = logging.getLogger("autobatch.onnxruntime")
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+SESSIONS_KEPT = 512  # sessions a cache keeps, most recently used first (ever new structures would only grow it)
 
 
 @functools.cache
@@ -75,13 +78,14 @@ class CacheStats:
 
 
 class SessionCache:
-    """Sessions keyed by structure, created on first use."""
+    """Sessions keyed by structure, created on first use; the ``SESSIONS_KEPT`` most recently
+    used are kept."""
 
     def __init__(self, providers: Sequence[str] | None = None, threads: int = 0, spinning: bool = False) -> None:
         self.providers = tuple(providers) if providers is not None else default_providers()
         self.options = session_options(threads, spinning)
         self.stats = CacheStats()
-        self._sessions: dict[Hashable, ort.InferenceSession] = {}
+        self._sessions: Recent = Recent(SESSIONS_KEPT)
 
     @property
     def on_cuda(self) -> bool:

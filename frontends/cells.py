@@ -19,11 +19,12 @@ import onnx
 from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
-from autobatch.ir import ValueType, is_nondeterministic
+from autobatch.ir import Recent, ValueType, is_nondeterministic
 from autobatch.frontends.tracing import OPSET, Batch, Parameter, PreparedCall, Tensor, TraceError, _current
 
 CELL_DOMAIN = "autobatch.cells"
 _cell_ids = itertools.count()
+SIGNATURES_KEPT = 256  # traced functions a cell keeps, most recently used first (shapes may keep changing)
 
 
 @dataclass
@@ -48,7 +49,8 @@ class Cell:
             functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = f"{name or fn.__name__}_{next(_cell_ids)}"
-        self._traced: dict[tuple, TracedCell] = {}
+        self._traced: Recent = Recent(SIGNATURES_KEPT)  # (shape, dtype) of each argument -> TracedCell
+        self._trace_ids = itertools.count()  # never reused: a function's name stays its own after an eviction
         self._returns_tuple: bool | None = None
 
     def __call__(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
@@ -67,7 +69,7 @@ class Cell:
         key = tuple([(t.shape, t.dtype) for t in tensors])
         traced = self._traced.get(key)
         if traced is None:
-            traced = self._traced[key] = self._trace(tensors, len(self._traced))
+            traced = self._traced[key] = self._trace(tensors, next(self._trace_ids))
         name = traced.function.name
         parameters = batch.cell_parameters.get(name)
         if parameters is None:  # the first call in this batch

@@ -252,8 +252,8 @@ class Batch:
         self.cell_calls: dict[tuple, PreparedCall] = {}  # (cell, operand entries) -> what its calls record
         self.reuse_calls = reuse_calls
         self.reused_calls = 0
-        # (record key, input names) of a pending deterministic call -> its record and outputs (held weakly)
-        self._calls: dict[tuple, tuple[int, list[weakref.ref[Tensor]]]] = {}  # ... -> (its record, its outputs)
+        # a pending deterministic call (its op and operands) -> (its record's index, its outputs held weakly)
+        self._calls: dict[tuple, tuple[int, list[weakref.ref[Tensor]]]] = {}
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Batch:

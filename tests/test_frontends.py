@@ -359,6 +359,26 @@ def test_calls_differing_in_attributes_or_runs_are_not_reused():
     assert batch.reused_calls == 1
 
 
+def test_a_cell_keeps_its_most_recent_signatures_and_names_each_trace_anew(monkeypatch):
+    monkeypatch.setattr("autobatch.frontends.cells.SIGNATURES_KEPT", 2)
+
+    @cell
+    def double(x):
+        return x + x
+
+    names = set()
+    # 1 is evicted by 3; in the second batch 1 is traced again and evicts 2, traced again too
+    for lengths in ([1, 2, 3], [1, 2]):
+        with Batch() as batch:
+            xs = [RNG.standard_normal(n).astype(np.float32) for n in lengths]
+            outs = [double(batch.constant(x)) for x in xs]
+            for x, out in zip(xs, outs):
+                np.testing.assert_allclose(out.numpy(), 2 * x, rtol=1e-6)
+            names |= {name for _, name in batch.functions}
+        assert double.traced_signatures() <= 2
+    assert len(names) == 5  # five traces, five names: none reused for another signature
+
+
 def test_run_programs_into_a_batch_of_ones_own():
     batch = Batch()
     inputs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]

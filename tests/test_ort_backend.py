@@ -11,7 +11,7 @@ import pytest
 from autobatch.backends import FeedError, Interpreter, NodeExecutionError, OrtBackend, OrtExecutor, SessionCache
 from autobatch.backends.ort_runtime import CPU, default_providers
 from autobatch.batcher import BatchingPass
-from autobatch.ir import Graph, ValueType
+from autobatch.ir import Graph, ValueType, to_onnx
 from benchmarks.models import Workload, bilstm_workload, traced_graph, tree_lstm_workload
 from tests.test_onnx_io import LIGHT_MODELS, ort_run, random_feeds
 
@@ -96,3 +96,24 @@ def test_failing_segment_is_named():
     executor = OrtExecutor(graph, SessionCache(threads=1), whole=False)
     with pytest.raises(NodeExecutionError, match=r"segment of 2 ops starting at Node#0 'the_matmul' MatMul-18 failed"):
         executor.run({"x": np.zeros((2, 3), np.float32), "w": np.zeros((5, 4), np.float32)})
+
+
+def test_session_cache_keeps_only_the_most_recent_sessions(monkeypatch):
+    monkeypatch.setattr("autobatch.backends.ort_runtime.SESSIONS_KEPT", 2)
+    cache = SessionCache(threads=1)
+
+    def model(op: str) -> Callable[[], onnx.ModelProto]:
+        graph = Graph(op, {"": 18})
+        graph.add_input("x", ValueType.tensor(np.float32, (3,)))
+        graph.add_node(op, ["x"], ["y"])
+        graph.add_output("y")
+        return lambda: to_onnx(graph)
+
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    for op in ("Relu", "Neg", "Abs", "Relu"):  # Relu is evicted by Abs, and made again
+        (y,) = cache.get(op, model(op)).run(None, {"x": x})
+        np.testing.assert_array_equal(y, {"Relu": np.maximum(x, 0), "Neg": -x, "Abs": np.abs(x)}[op])
+        assert len(cache) <= 2
+    assert cache.stats.sessions_created == 4 and cache.stats.cache_hits == 0
+    cache.get("Relu", model("Relu"))
+    assert cache.stats.cache_hits == 1

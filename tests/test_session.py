@@ -92,7 +92,7 @@ def test_threads_sharing_a_session_get_right_results(backend, monkeypatch):
 
 
 def test_recent_keeps_the_most_recently_used():
-    recent = autobatch.session.Recent(2)
+    recent = autobatch.ir.Recent(2)
     recent["a"], recent["b"] = 1, 2
     assert recent.get("a") == 1  # "a" used: "b" is now the oldest
     recent["c"] = 3
