@@ -123,7 +123,7 @@ class Measurement:
     form: str
     backend: str
     instances: int
-    ops: int  # nodes traced (a cell call is one node)
+    ops: int  # calls traced (a cell call is one), reused ones included
     trace_s: float
     run_s: float
     launches: int
@@ -133,10 +133,10 @@ class Measurement:
     def lines(self) -> list[str]:
         total = self.trace_s + self.run_s
         return [
-            f"{self.form:9} {self.backend:11} {self.instances} instances, {self.ops} traced nodes "
+            f"{self.form:9} {self.backend:11} {self.instances} instances, {self.ops} traced calls "
             f"({self.ops / self.instances:.0f} an instance)",
             f"    tracing {self.trace_s * 1e3:.1f} ms: {self.trace_s / self.instances * 1e6:.0f} us an instance, "
-            f"{self.trace_s / max(self.ops, 1) * 1e6:.2f} us a traced node",
+            f"{self.trace_s / max(self.ops, 1) * 1e6:.2f} us a traced call",
             f"    batched run {self.run_s * 1e3:.1f} ms; launches {self.launches} vs lower bound {self.lower_bound}",
             f"    {self.instances / total:.0f} instances/s (tracing + run)",
             f"    report: {self.report}",
@@ -157,7 +157,7 @@ def measure_losses(loss: Callable[[Any, Params], Any], instances: Sequence[Any],
             batch.run(losses)
             done = time.perf_counter()
         report = batch.reports[-1]
-        m = Measurement(form, backend, len(instances), report.nodes, traced - start, done - traced,
+        m = Measurement(form, backend, len(instances), report.nodes + batch.reused_calls, traced - start, done - traced,
                         report.launches, report.lower_bound, str(report))
         if round_ and (best is None or m.trace_s + m.run_s < best.trace_s + best.run_s):
             best = m

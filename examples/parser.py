@@ -183,7 +183,8 @@ def measure_parses(sentences: Sequence[Sentence], params: Params, form: str, bac
         if failures:
             raise SystemExit(str(failures[0]))
         reports = timer.batch.reports if timer.batch else []
-        m = Measurement(form, backend, len(sentences), sum(r.nodes for r in reports), total - timer.run_s, timer.run_s,
+        calls = sum(r.nodes for r in reports) + (timer.batch.reused_calls if timer.batch else 0)
+        m = Measurement(form, backend, len(sentences), calls, total - timer.run_s, timer.run_s,
                         sum(r.launches for r in reports), sum(r.lower_bound for r in reports),
                         f"{len(reports)} lockstep rounds; first: {reports[0]}" if reports else "no rounds")
         if round_ and (best is None or total < best.trace_s + best.run_s):

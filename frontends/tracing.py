@@ -359,7 +359,7 @@ class Batch:
         seen = None
         if self.reuse_calls and not is_nondeterministic(op_type, domain, self.functions):
             # The op, its attributes (alive while its record is) and its operands fix its outputs.
-            seen = (op_type, domain, id(attributes), *names, *types)
+            seen = (op_type, domain, id(attributes), *names)
             if seen in self._calls:
                 return self._outputs_again(seen, shapes, dtypes, types)
         entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
