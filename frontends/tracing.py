@@ -252,8 +252,7 @@ class Batch:
         self.cell_calls: dict[tuple, PreparedCall] = {}  # (cell, operand entries) -> what its calls record
         self.reuse_calls = reuse_calls
         self.reused_calls = 0
-        # a pending deterministic call (its op and operands) -> (its record's index, its outputs held weakly)
-        self._calls: dict[tuple, tuple[int, list[weakref.ref[Tensor]]]] = {}
+        self._calls: dict[tuple, int] = {}  # a pending deterministic call (its op and operands) -> its record
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> Batch:
@@ -399,28 +398,23 @@ class Batch:
         index = len(self._records)
         tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
                    for shape, dtype, vtype in zip(shapes, dtypes, types)]
-        refs = list(map(weakref.ref, tensors))
-        self._pending += refs
+        self._pending += map(weakref.ref, tensors)
         if seen is not None:
-            self._calls[seen] = (index, refs)
+            self._calls[seen] = index
         self._records.append(_Record(op_type, names, [t.name for t in tensors], attributes, types, self._instance,
                                      domain, entries, key, preds))
         return tensors
 
     def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
                        types: list[ValueType]) -> list[Tensor]:
-        """The outputs of a call seen before (still pending); one nobody holds any more is made
-        anew (its record still computes it: reading it keeps the record live)."""
+        """New tensors for the outputs of a call seen before (still pending): reading them reads
+        its record's outputs."""
         self.reused_calls += 1
-        index, refs = self._calls[seen]
-        tensors = [ref() for ref in refs]
-        for k, tensor in enumerate(tensors):
-            if tensor is None:
-                tensor = tensors[k] = Tensor(self, self._records[index].outputs[k], shapes[k], dtypes[k], None,
-                                             types[k], index)
-                refs[k] = weakref.ref(tensor)
-                self._pending.append(refs[k])
-        return tensors  # type: ignore[return-value]
+        index = self._calls[seen]
+        tensors = [Tensor(self, name, shape, dtype, None, vtype, index)
+                   for name, shape, dtype, vtype in zip(self._records[index].outputs, shapes, dtypes, types)]
+        self._pending += map(weakref.ref, tensors)
+        return tensors
 
     # ------------------------------------------------------------------ running
     def run(self, tensors: Sequence[Tensor]) -> list[np.ndarray]:
