@@ -40,7 +40,7 @@ from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter
 from autobatch.batcher.rules import Operand
-from autobatch.batcher.schedulers import get_scheduler
+from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.types import MISSING
@@ -167,7 +167,9 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     records, preds = _live(records, producers)
     problem = planner.sign(records, preds)
     analysed = time.perf_counter()
-    schedule = get_scheduler(scheduler)(problem)
+    # No dependencies (a lockstep round over known values): every scheduler launches each class
+    # once, and grouping by class is the cheapest way there.
+    schedule = depth_schedule(problem) if not problem.depth.any() else get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
     steps = [planner.step([records[i] for i in group], planner.record_class[group[0]]) for group in schedule]
     locations = {name: _place(planner.location[name]) for name in wanted}
