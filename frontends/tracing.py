@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
+import time
 import weakref
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -482,7 +483,11 @@ class Batch:
     def _run_graph(self, records: list[_Record], needed: set[str], names: list[str]) -> list[np.ndarray]:
         from autobatch.batcher import BatchingPass
 
-        result = BatchingPass(self.scheduler, as_rows=True)(self._graph(records, needed, names))
+        start = time.perf_counter()
+        graph = self._graph(records, needed, names)
+        built = time.perf_counter() - start
+        result = BatchingPass(self.scheduler, as_rows=True)(graph)
+        result.report.seconds["build"] = built  # the IR graph of the records, as a session reports it
         outputs = list(result.graph.outputs)
         values = dict(zip(outputs, self._make_runner(result.graph).run({}, outputs)))
         self.reports.append(result.report)

@@ -85,6 +85,7 @@ def assert_flat_ran(batch):
 def assert_general_ran(batch):
     assert isinstance(batch.last_plan, PassResult)
     assert batch.reports[-1] is batch.last_plan.report
+    assert set(batch.reports[-1].seconds) == {"analyse", "schedule", "rewrite", "build"}  # building the graph too
 
 
 # ----------------------------------------------------------------------------- 1. the examples
