@@ -425,8 +425,9 @@ class Batch:
         return [t.numpy() for t in tensors]
 
     def graph_of(self, tensors: Sequence[Tensor]) -> Graph:
-        """The IR graph that computing these pending tensors would batch (nothing runs)."""
-        names = [t.name for t in tensors]
+        """The IR graph that computing these pending tensors would batch (nothing runs); a value
+        asked for twice (the same tensor, or a reused call's) is one output."""
+        names = list(dict.fromkeys(t.name for t in tensors))
         return self._graph(*self.records_for(names), names)
 
     def discard(self) -> None:

@@ -379,6 +379,17 @@ def test_a_cell_keeps_its_most_recent_signatures_and_names_each_trace_anew(monke
     assert len(names) == 5  # five traces, five names: none reused for another signature
 
 
+def test_the_graph_of_a_reused_call_has_one_output():
+    x = RNG.standard_normal(3).astype(np.float32)
+    with Batch() as batch:
+        t = batch.constant(x)
+        first, again = ops.tanh(t), ops.tanh(t)  # a reused call: two tensors of one value
+        graph = batch.graph_of([first, again, first])
+        assert list(graph.outputs) == [first.name]
+        onnx.checker.check_model(autobatch.ir.to_onnx(graph))
+        np.testing.assert_allclose(again.numpy(), np.tanh(x), rtol=1e-6)
+
+
 def test_run_programs_into_a_batch_of_ones_own():
     batch = Batch()
     inputs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
