@@ -425,9 +425,8 @@ class Batch:
         return [t.numpy() for t in tensors]
 
     def graph_of(self, tensors: Sequence[Tensor]) -> Graph:
-        """The IR graph that computing these pending tensors would batch (nothing runs); a value
-        asked for twice (the same tensor, or a reused call's) is one output."""
-        names = list(dict.fromkeys(t.name for t in tensors))
+        """The IR graph that computing these pending tensors would batch (nothing runs)."""
+        names = [t.name for t in tensors]
         return self._graph(*self.records_for(names), names)
 
     def discard(self) -> None:
@@ -524,6 +523,6 @@ class Batch:
                   list(r.outputs), r.instance, "") for r in records],
             [r.types for r in records],
         )
-        for name in wanted:
+        for name in dict.fromkeys(wanted):  # a value asked for twice (a reused call's, say) is one output
             graph.add_output(name)
         return graph
