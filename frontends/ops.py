@@ -6,6 +6,7 @@ Row-vector convention: ``affine(x, W, b) = x @ W + b``.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -226,27 +227,39 @@ _AXIS_0 = attributes(axis=0)
 
 
 def pick(x: Operand, i: Any) -> Tensor:
-    """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick."""
+    """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick. ``i``: an int (a NumPy
+    integer too), or an integer tensor of the same batch."""
+    known = not isinstance(i, Tensor)
+    if known:
+        i = _python_index(i)
     if type(x) is Parameter:  # an embedding lookup: the common case
-        batch = current_batch()
-        if not x.shape:
-            raise TraceError("Gather: cannot pick from a scalar")
-        if not isinstance(i, Tensor) and batch.folds_lookups:
-            return batch.row(x, int(i))
-        t = batch.parameter(x)
+        batch, t, shape = current_batch(), None, x.shape
     else:
         t = _tensors("Gather", x)[0]
-    if not t.shape:
+        batch, shape = t.batch, t.shape
+    if not shape:
         raise TraceError("Gather: cannot pick from a scalar")
-    if isinstance(i, Tensor):
-        if i.batch is not t.batch:
-            raise TraceError(f"{i!r} belongs to another batch; values cannot cross batches")
-        position = i
+    if known:
+        if not -shape[0] <= i < shape[0]:
+            raise TraceError(f"Gather: index {i} is out of range for shape {shape}")
+        if t is None and batch.folds_lookups:
+            return batch.row(x, i)  # a known row: no traced op
+        position = batch.constant(i, dtype=np.int64)
+    elif i.batch is not batch:
+        raise TraceError(f"{i!r} belongs to another batch; values cannot cross batches")
     else:
-        if not -t.shape[0] <= int(i) < t.shape[0]:
-            raise TraceError(f"Gather: index {int(i)} is out of range for shape {t.shape}")
-        position = t.batch.constant(int(i), dtype=np.int64)
-    return t.batch.record("Gather", [t, position], [(*position.shape, *t.shape[1:])], [t.dtype], _AXIS_0)[0]
+        position = i
+    if t is None:
+        t = batch.parameter(x)
+    return batch.record("Gather", [t, position], [(*position.shape, *t.shape[1:])], [t.dtype], _AXIS_0)[0]
+
+
+def _python_index(i: Any) -> int:
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise TraceError(f"Gather: an index must be an integer or an integer tensor, not {type(i).__name__} "
+                         f"{i!r}") from None
 
 
 def lookup(table: Parameter | Tensor, i: Any) -> Tensor:

@@ -290,6 +290,17 @@ def test_a_lookup_by_a_python_int_is_a_known_row_not_a_traced_op(backend):
         np.testing.assert_allclose(h.numpy(), np.tanh(table.array[i]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("bad", [2.7, "1", [1, 2], np.array([1, 2]), None])
+def test_an_index_that_is_not_an_integer_is_refused(bad):
+    table = Parameter(RNG.standard_normal((5, 3)).astype(np.float32), name="table")
+    with Batch() as batch:
+        for source in (table, batch.constant(table.array)):  # a parameter, and a tensor
+            refused = f"an index must be an integer or an integer tensor, not {type(bad).__name__}"
+            with pytest.raises(TraceError, match=refused):
+                ops.pick(source, bad)
+        np.testing.assert_array_equal(ops.lookup(table, np.int64(2)).numpy(), table.array[2])  # NumPy integers are ints
+
+
 def test_a_cell_reads_its_lookups_from_the_parameter_not_from_a_copy():
     table = Parameter(RNG.standard_normal((10, 4)).astype(np.float32), name="table")
 
