@@ -553,9 +553,11 @@ def main(argv: list[str] | None = None) -> int:
           f"onnxruntime {onnxruntime.__version__}; threads {THREADS}")
     peak = gemm_peak()
     print(f"numpy float32 GEMM peak (1024^3, same run): {peak:.1f} GFLOP/s")
-    dynet = run_dynet(args, args.minibatch)
     records, failures = [], []
     for name in args.tasks:
+        # DyNet's settings for this task run right before ours (a fresh subprocess each), so
+        # that both are timed minutes apart at most, whatever else the host does meanwhile.
+        dynet = run_dynet(args, args.minibatch, tasks=[name])
         task = build(name, args.minibatch, args.size)
         rs, fs = measure_task(task, args, dynet, peak)
         records += rs
