@@ -95,6 +95,17 @@ def test_row_wise_ops_merge_lengths_and_others_do_not(backend, case):
         assert launches >= len(set(LENGTHS))  # at least one a length
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+@pytest.mark.parametrize("width", [4, 300])  # narrow rows: one reduceat; wide rows: one reduce a member
+def test_segment_reductions_of_narrow_and_wide_rows(backend, op, width):
+    pooled = model(f"y = {op}<keepdims=0>(x, axis)", inputs=f"float[N, {width}] x", outputs=f"float[{width}] y",
+                   weights="int64[1] axis = {0}")
+    session = autobatch.InferenceSession(pooled, backend=backend)
+    rng = np.random.default_rng(width)
+    assert_equal_alone(session, [{"x": rng.standard_normal((n, width)).astype(np.float32)} for n in LENGTHS])
+    assert session.stats.report.launches == 1
+
+
 def test_sums_of_terms_of_different_lengths(backend):
     """A sum-of-terms class takes any number of terms, so it is not merged across lengths by
     its first member's count (found by the property test: wrong sums, or an IndexError)."""
