@@ -38,16 +38,18 @@ def depth_schedule(problem: Problem) -> Schedule:
 
 
 class _Ready:
-    """Ready-set bookkeeping shared by the agenda-style schedulers."""
+    """Ready-set bookkeeping shared by the agenda-style schedulers. ``by_level``: also count the
+    ready nodes of each class at each level (the level scheduler asks; the agenda does not)."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, by_level: bool = False) -> None:
         self.problem = problem
         # Plain lists: this bookkeeping runs per node, where NumPy scalars cost several times more.
         self.sig: list[int] = problem.sig.tolist()
-        self.level: list[int] = problem.level.tolist()
+        self.level: list[int] = problem.level.tolist() if by_level else []
         self.waiting = [len(p) for p in problem.preds]
         self.ready_by_class: dict[int, list[int]] = defaultdict(list)
-        self.ready_at_level: dict[tuple[int, int], int] = defaultdict(int)  # (class, level) -> ready nodes
+        # (class, level) -> ready nodes; None when not counted
+        self.ready_at_level: dict[tuple[int, int], int] | None = defaultdict(int) if by_level else None
         self.ready_unbatchable: list[int] = []
         self.done = 0
         for i, waiting in enumerate(self.waiting):
@@ -60,21 +62,23 @@ class _Ready:
             self.ready_unbatchable.append(i)
         else:
             self.ready_by_class[cls].append(i)
-            self.ready_at_level[cls, self.level[i]] += 1
+            if self.ready_at_level is not None:
+                self.ready_at_level[cls, self.level[i]] += 1
 
     def launch(self, group: list[int]) -> None:
         self.done += len(group)
-        waiting, succs = self.waiting, self.problem.succs
+        waiting, succs, make_ready = self.waiting, self.problem.succs, self._make_ready
         for i in group:
             for j in succs[i]:
                 waiting[j] -= 1
                 if waiting[j] == 0:
-                    self._make_ready(j)
+                    make_ready(j)
 
     def take_class(self, cls: int) -> list[int]:
         group = sorted(self.ready_by_class.pop(cls))
-        for i in group:
-            self.ready_at_level[cls, self.level[i]] -= 1
+        if self.ready_at_level is not None:
+            for i in group:
+                self.ready_at_level[cls, self.level[i]] -= 1
         return group
 
 
@@ -89,10 +93,11 @@ def _class_costs(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return average, expensive
 
 
-def _agenda(problem: Problem, choose: Callable[[_Ready], int], limit: int | None = None) -> Schedule | None:
+def _agenda(problem: Problem, choose: Callable[[_Ready], int], limit: int | None = None,
+            by_level: bool = False) -> Schedule | None:
     """The schedule made by launching ready groups as ``choose`` says; None once it would take
     ``limit`` launches or more (a candidate that cannot beat a schedule already found)."""
-    ready = _Ready(problem)
+    ready = _Ready(problem, by_level)
     schedule: Schedule = []
     while ready.done < problem.size:
         if limit is not None and len(schedule) >= limit:
@@ -153,7 +158,7 @@ def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak],
     key = tie_break(problem)
 
     def completes_lowest_level(ready: _Ready, cls: int) -> bool:
-        return ready.ready_at_level[cls, lowest[cls]] == pending[cls][lowest[cls]]
+        return ready.ready_at_level[cls, lowest[cls]] == pending[cls][lowest[cls]]  # type: ignore[index]
 
     def choose(ready: _Ready) -> int:
         complete = [c for c in ready.ready_by_class if completes_lowest_level(ready, c)]
@@ -168,7 +173,7 @@ def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak],
             lowest[cls] = min(counts)
         return cls
 
-    return _agenda(problem, choose, limit)
+    return _agenda(problem, choose, limit, by_level=True)
 
 
 def _agenda_rule(problem: Problem) -> TieBreak:
