@@ -507,7 +507,13 @@ def _common_constants(graphs: Sequence[Graph]) -> dict[str, np.ndarray]:
 
 
 def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
-    return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b))
+    """Equal dtype, shape and contents, bit for bit where the bits are the value (-0.0 is not
+    0.0, and a NaN equals a NaN of the same bits)."""
+    if a is b:
+        return True
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return np.array_equal(a, b) if a.dtype == object else a.tobytes() == b.tobytes()
 
 
 @functools.lru_cache(maxsize=4096)

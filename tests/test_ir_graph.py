@@ -77,6 +77,19 @@ def test_union_keeps_different_constants_apart():
     assert sorted(u.initializers()) == ["i0/W", "i1/W"]
 
 
+@pytest.mark.parametrize(("first", "second", "shared"), [
+    (0.0, -0.0, False),  # equal as numbers, but 1 / c differs: not one constant
+    (np.nan, np.nan, True),  # the same NaN: one constant
+    (1.0, 1.0, True),
+])
+def test_union_shares_constants_equal_bit_for_bit(first, second, shared):
+    a, b = tiny_graph(), tiny_graph()
+    a.values["W"].const = np.full((3, 2), first, np.float32)
+    b.values["W"].const = np.full((3, 2), second, np.float32)
+    u = Graph.union([a, b])
+    assert sorted(u.initializers()) == (["W"] if shared else ["i0/W", "i1/W"])
+
+
 def test_dangling_input_is_named():
     g = Graph("bad", {"": 18})
     g.add_input("x", ValueType.tensor(F32, [2]))
