@@ -35,12 +35,15 @@ def _batch_of(*values: Any) -> Batch:
 def _tensors(op: str, *values: Operand) -> list[Tensor]:
     """Operands as tensors of one batch; Python scalars take the dtype of the tensor operands."""
     first = values[0]
-    if isinstance(first, Tensor) and all(  # the common case, kept cheap
-        type(v) is Tensor and v.batch is first.batch and v.dtype == first.dtype for v in values
-    ):
-        active = _current.get(None)
-        if active is None or active is first.batch:
-            return list(values)  # type: ignore[arg-type]
+    if type(first) is Tensor:  # the common case, kept cheap: tensors of one batch and dtype
+        batch, dtype = first.batch, first.dtype
+        for v in values:
+            if type(v) is not Tensor or v.batch is not batch or (v.dtype is not dtype and v.dtype != dtype):
+                break
+        else:
+            active = _current.get(None)
+            if active is None or active is batch:
+                return list(values)  # type: ignore[arg-type]
     batch = _batch_of(*values)
     dtypes = [v.dtype if isinstance(v, Tensor) else v.array.dtype for v in values if isinstance(v, (Tensor, Parameter))]
     dtype = dtypes[0] if dtypes else None
@@ -57,7 +60,7 @@ def _tensors(op: str, *values: Operand) -> list[Tensor]:
 def _elementwise(op_type: str, *values: Operand, attrs: dict | None = None, dtype: Any = None) -> Tensor:
     inputs = _tensors(op_type, *values)
     shape = inputs[0].shape
-    if any(t.shape != shape for t in inputs):
+    if len({t.shape for t in inputs}) > 1:
         try:
             shape = np.broadcast_shapes(*(t.shape for t in inputs))
         except ValueError:

@@ -356,15 +356,16 @@ class Batch:
         names = [tensor.name if tensor is not None else "" for tensor in inputs]
         types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
         attributes = attrs or _NO_ATTRIBUTES
+        attributes_id = id(attributes)  # alive while the record is: no other attributes take it
         seen = None
         if self.reuse_calls and not is_nondeterministic(op_type, domain, self.functions):
-            # The op, its attributes (alive while its record is) and its operands fix its outputs.
-            seen = (op_type, domain, id(attributes), *names)
+            # The op, its attributes and its operands fix its outputs.
+            seen = (op_type, domain, attributes_id, *names)
             if seen in self._calls:
                 return self._outputs_again(seen, shapes, dtypes, types)
         entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
         return self._append(op_type, domain, inputs, names, attributes, shapes, dtypes, types, entries,
-                            (domain, op_type, id(attributes), entries), seen)
+                            (domain, op_type, attributes_id, entries), seen)
 
     def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
         """Append a call whose signature was worked out once (a cell's, for these kinds of
