@@ -108,7 +108,7 @@ class Template:
 @dataclass(frozen=True)
 class Segment:
     """A ReduceSum or ReduceMean over axis 0 of members of different lengths: each member's run
-    of rows reduced at once (``np.add.reduceat``, in NumPy on every backend, as a sum of terms)."""
+    of rows reduced in NumPy on every backend, as a sum of terms is."""
 
     mean: bool
     keepdims: bool

@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from onnx import helper
 
 from autobatch.batcher.signature import attributes_key
-from autobatch.ir import ValueType
+from autobatch.ir import ValueType, attribute_value
 
 ELEMENTWISE = frozenset({
     "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
@@ -103,4 +102,4 @@ def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int)
 
 def _attribute(record: Any, name: str, default: Any) -> Any:
     proto = record.attributes.get(name)
-    return default if proto is None else helper.get_attribute_value(proto)
+    return default if proto is None else attribute_value(proto)

@@ -328,13 +328,11 @@ class Batch:
         return tensor
 
     def row(self, parameter: Parameter, index: int) -> Tensor:
-        """Row ``index`` of a parameter, known now (an embedding lookup by a Python int): a view
-        of the parameter read as data, so it costs the batch no traced op, no planning and no
-        launch. Equal lookups share one tensor."""
+        """Row ``index`` of a parameter, known now (an embedding lookup by a Python int, in
+        range: ``ops.pick`` checks it): a view of the parameter read as data, so it costs the
+        batch no traced op, no planning and no launch. Equal lookups share one tensor."""
         known = self._rows.get((id(parameter), index))
         if known is None:
-            if not -parameter.shape[0] <= index < parameter.shape[0]:
-                raise TraceError(f"Gather: index {index} is out of range for shape {parameter.shape}")
             value = parameter.array[index]
             known = self._rows[id(parameter), index] = (
                 parameter, Tensor(self, f"c{next(self._names)}", value.shape, value.dtype, value))
