@@ -12,6 +12,7 @@ import numpy as np
 from onnx import ModelProto
 
 from autobatch.backends import FeedError, Interpreter
+from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.flat_executor import FlatExecutor, OrtTemplate
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.ort_backend import OrtBackendRep
@@ -281,6 +282,11 @@ def make_runner_factory(backend: str, threads: int = 0,
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
+# Every onnxruntime flat executor of this process checks weights against these snapshots: a
+# weight one batch baked is one the next can read baked.
+WEIGHT_SNAPSHOTS = WeightSnapshots()
+
+
 def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | None = None) -> FlatExecutor | None:
     """What runs flat plans of traced batches on ``backend``, or None on CUDA: there the
     general path's batched graph keeps values on the device between launches, where a flat
@@ -291,7 +297,7 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
         cache = shared_session_cache(threads, providers)
         if cache.on_cuda:
             return None
-        return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers))
+        return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers), WEIGHT_SNAPSHOTS)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 

@@ -1,10 +1,10 @@
 """Runs a flat plan (``autobatch.batcher.flat``): arenas of rows, one template call a step.
 
-Each template is prepared once per backend (a NumPy ``Interpreter``, or one onnxruntime
-session on the CPU) and kept on the template, which the batcher caches across batches: a later
-batch of the same model prepares nothing. Template runs skip the feed checks of a user-facing
-run: the planner made every feed, and each step costs microseconds that add up over hundreds of
-steps a minibatch.
+Each template is prepared once per backend (a NumPy ``Interpreter``, or onnxruntime sessions on
+the CPU: one that feeds the weights, and ones with the stable weights baked in) and kept on the
+template, which the batcher caches across batches: a later batch of the same model prepares
+nothing. Template runs skip the feed checks of a user-facing run: the planner made every feed,
+and each step costs microseconds that add up over hundreds of steps a minibatch.
 """
 
 from __future__ import annotations
@@ -15,41 +15,77 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper
+from onnx import ModelProto, helper, numpy_helper
 
+from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher.flat import FlatPlan, Rows, Step, Template
-from autobatch.ir import Graph, to_onnx
+from autobatch.ir import Graph, Recent, to_onnx
 
 TemplateRun = Callable[[dict[str, Any]], list[Any]]  # feeds by input name -> the graph's outputs
+PACKED_OPS = frozenset({"MatMul", "Gemm"})  # onnxruntime packs their constant right operand
+BAKED_SESSIONS_KEPT = 8  # a template's sessions with weights baked in (say, one per LSTM direction)
 
 
 class OrtTemplate:
-    """A template graph as one onnxruntime session, its batch size left symbolic."""
+    """A template graph as onnxruntime sessions, its batch size left symbolic: one that feeds
+    every weight, and ones that bake in the stable weights read as a MatMul's or Gemm's right
+    operand (``bakeable``), which onnxruntime then packs once (``backends.baked_weights``)."""
 
     def __init__(self, graph: Graph, cache: SessionCache) -> None:
+        self.graph = graph
         self.name = graph.name
         self.outputs = list(graph.outputs)
+        self.cache = cache
+        fed = {name for name in graph.inputs if name.startswith("w")}
+        self.bakeable = frozenset(node.inputs[1] for node in graph.nodes.values()
+                                  if node.op_type in PACKED_OPS and not node.domain and node.inputs[1] in fed)
+        self._fed = self._session(to_onnx(graph, check=False))
+        self._baked: Recent = Recent(BAKED_SESSIONS_KEPT)
+
+    @property
+    def baked_sessions(self) -> int:
+        return len(self._baked)
+
+    def _session(self, model: ModelProto) -> ort.InferenceSession:
         # onnxruntime validates the model itself; onnx.checker would refuse a model-local function
         # imported at another opset than the model (a cell made from an older ONNX model).
-        self.session = ort.InferenceSession(to_onnx(graph, check=False).SerializeToString(), cache.options,
-                                            providers=list(cache.providers))
+        return ort.InferenceSession(model.SerializeToString(), self.cache.options, providers=list(self.cache.providers))
 
-    def __call__(self, feeds: dict[str, Any]) -> list[Any]:
+    def __call__(self, feeds: dict[str, Any], baked: Mapping[str, Snapshot] | None = None) -> list[Any]:
+        """``baked``: the stable weights among the feeds, by input name (only those in ``bakeable``)."""
+        session = self._fed
+        if baked:
+            key = tuple(baked.items())
+            session = self._baked.get(key)
+            if session is None:
+                session = self._baked[key] = self._baked_session(baked)
+            feeds = {name: value for name, value in feeds.items() if name not in baked}
         try:
-            return self.session.run(self.outputs, feeds)
+            return session.run(self.outputs, feeds)
         except Exception as error:  # onnxruntime raises its own exception types
             raise NodeExecutionError(f"{self.name} failed on inputs {describe(list(feeds.values()))}: {error}") from error
+
+    def _baked_session(self, baked: Mapping[str, Snapshot]) -> ort.InferenceSession:
+        """The template with these inputs turned into initializers of their snapshots' values."""
+        model = to_onnx(self.graph, check=False)
+        inputs = [value for value in model.graph.input if value.name not in baked]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+        model.graph.initializer.extend(numpy_helper.from_array(snapshot.copy, name) for name, snapshot in baked.items())
+        return self._session(model)
 
 
 class FlatExecutor:
     """``prepare(graph)`` makes a template graph runnable on the backend; ``backend_key`` names
     that backend's configuration (templates keep one prepared run per key)."""
 
-    def __init__(self, prepare: Callable[[Graph], TemplateRun], backend_key: Hashable) -> None:
+    def __init__(self, prepare: Callable[[Graph], TemplateRun], backend_key: Hashable,
+                 snapshots: WeightSnapshots | None = None) -> None:
         self.prepare = prepare
         self.backend_key = backend_key
+        self.snapshots = snapshots  # given: runners with ``bakeable`` inputs may bake stable weights
 
     def runner(self, template: Template) -> TemplateRun:
         runner = template.runners.get(self.backend_key)
@@ -61,8 +97,9 @@ class FlatExecutor:
             seconds: dict[str, float] | None = None) -> list[np.ndarray]:
         """The arenas once every step has run; ``plan.locations`` says where each value is.
         ``literals``: the value of every literal the plan names (a plan may serve many runs).
-        ``seconds`` receives the time spent in gathers (literals placed, operands stacked),
-        template runs (kernels, with the backend's own call overhead) and arena writes."""
+        ``seconds`` receives the time spent in gathers (literals placed, weights checked for
+        baking, operands stacked), template runs (kernels, with the backend's own call
+        overhead) and arena writes."""
         clock = time.perf_counter
         start = clock()
         arenas = []
@@ -71,6 +108,7 @@ class FlatExecutor:
             if names:
                 np.stack([literals[name] for name in names], out=arena[:len(names)])
             arenas.append(arena)
+        stable = self._stable_weights(plan, weights) if self.snapshots is not None else None
         gather = clock() - start
         kernels = scatter = 0.0
         for step in plan.steps:
@@ -86,7 +124,9 @@ class FlatExecutor:
             else:
                 feeds = {f"x{i}": value for i, value in zip(template.stacked, stacked)}
                 feeds.update((f"w{i}", weights[name]) for i, name in zip(template.fed, step.weights))
-                outputs = self.runner(template)(feeds)
+                runner = self.runner(template)
+                baked = _baked_feeds(runner, template, step, stable) if stable else None
+                outputs = runner(feeds, baked) if baked else runner(feeds)
             ran = clock()
             for write, value in zip(step.writes, outputs):
                 if template is not None and template.ragged:
@@ -101,6 +141,32 @@ class FlatExecutor:
         if seconds is not None:
             seconds.update(gather=gather, kernels=kernels, scatter=scatter)
         return arenas
+
+    def _stable_weights(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> dict[str, Snapshot]:
+        """The weights this run may read baked, by name: those launched often enough as a
+        bakeable input, big enough, and unchanged since their snapshot (checked once a run)."""
+        launches: dict[str, int] = {}
+        for step in plan.steps:
+            if step.template is not None:
+                bakeable = getattr(self.runner(step.template), "bakeable", ())
+                for i, name in zip(step.template.fed, step.weights):
+                    if f"w{i}" in bakeable:
+                        launches[name] = launches.get(name, 0) + 1
+        stable = {}
+        for name, count in launches.items():
+            array = weights[name]
+            if count >= BAKE_MIN_LAUNCHES and isinstance(array, np.ndarray) and array.nbytes >= BAKE_MIN_BYTES:
+                snapshot = self.snapshots.stable(array)
+                if snapshot is not None:
+                    stable[name] = snapshot
+        return stable
+
+
+def _baked_feeds(runner: Any, template: Template, step: Step, stable: dict[str, Snapshot]) -> dict[str, Snapshot]:
+    """The step's stable weights its runner bakes, by input name."""
+    bakeable = getattr(runner, "bakeable", ())
+    return {f"w{i}": stable[name] for i, name in zip(template.fed, step.weights)
+            if name in stable and f"w{i}" in bakeable}
 
 
 def _read(arenas: list[np.ndarray], arena: int, rows: Rows) -> np.ndarray:

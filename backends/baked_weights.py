@@ -1,0 +1,98 @@
+"""Weights baked into onnxruntime template sessions, so that MatMul and Gemm pack them once.
+
+onnxruntime packs a MatMul's constant right operand when it makes the session; fed at run
+time, the same weight is packed again on every run. An LSTM step of 28 rows with two 256x1024
+weights took 263 us fed and 195 us baked. A flat plan launches a recurrent model's step once a
+time step, every launch reading the same weights, so a template bakes a weight in once the
+weight is known to be stable:
+
+* a weight is a candidate in a run that launches it at least ``BAKE_MIN_LAUNCHES`` times and
+  holds at least ``BAKE_MIN_BYTES`` (the check below reads the whole weight once a run, which
+  the launches must repay);
+* the first run that meets an array takes a snapshot (a copy) and feeds it; every later run
+  compares the array with its snapshot, bit for bit, once: equal, templates run the session
+  baked from the snapshot; different, the array is volatile from then on and always fed (a
+  training loop that changes weights in place pays one compare, then nothing).
+
+So a weight changed in place, or replaced by another array, is never read stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+BAKE_MIN_LAUNCHES = 2
+BAKE_MIN_BYTES = 64 * 1024
+# What the snapshots may hold, the arrays they keep alive included (least recently used go
+# first); an array above a quarter of it is never baked.
+SNAPSHOT_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(eq=False)
+class Snapshot:
+    """``array`` as it was when first met (``copy``); ``copy`` is None once the array changed.
+    It holds the array, so the array's id names no other array while it is kept."""
+
+    array: np.ndarray
+    copy: np.ndarray | None
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes + (self.copy.nbytes if self.copy is not None else 0)
+
+
+class WeightSnapshots:
+    """The snapshots of the weights that template runs may bake, shared by every run (and
+    thread) of one process's onnxruntime flat executors."""
+
+    def __init__(self, budget: int = SNAPSHOT_BYTES) -> None:
+        self.budget = budget
+        self._snapshots: OrderedDict[int, Snapshot] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def stable(self, array: np.ndarray) -> Snapshot | None:
+        """The array's snapshot when the array still equals it bit for bit (a session baked
+        from it is current), else None: on first meeting the array (the snapshot is taken
+        now), once it has changed, and for an array too big or not contiguous."""
+        if not array.flags.c_contiguous or array.dtype.hasobject or 4 * array.nbytes > self.budget:
+            return None
+        with self._lock:
+            snapshot = self._snapshots.get(id(array))
+            if snapshot is None:
+                self._keep(Snapshot(array, array.copy()))
+                return None
+            self._snapshots.move_to_end(id(array))
+        if snapshot.copy is None:
+            return None
+        if _same_bits(array, snapshot.copy):
+            return snapshot
+        with self._lock:
+            if snapshot.copy is not None and self._snapshots.get(id(array)) is snapshot:
+                self._bytes -= snapshot.copy.nbytes
+            snapshot.copy = None  # volatile: fed from now on, never compared again
+        return None
+
+    def _keep(self, snapshot: Snapshot) -> None:
+        self._snapshots[id(snapshot.array)] = snapshot
+        self._bytes += snapshot.nbytes
+        while self._bytes > self.budget:
+            _, evicted = self._snapshots.popitem(last=False)
+            self._bytes -= evicted.nbytes
+
+    def __contains__(self, array: np.ndarray) -> bool:
+        """Whether ``array`` has a snapshot (changed or not)."""
+        return id(array) in self._snapshots
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit for bit (0.0 differs from -0.0; a NaN equals itself), read as unsigned ints."""
+    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize, np.uint8)
+    return bool(np.array_equal(a.view(unsigned), b.view(unsigned)))
