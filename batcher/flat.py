@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,6 +60,8 @@ ARENA_TYPES = frozenset({
     TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
     TensorProto.UINT32, TensorProto.UINT64,
 })
+
+ARENA_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in ARENA_TYPES)
 
 
 class NotFlat(Exception):
@@ -114,7 +116,8 @@ class Segment:
     keepdims: bool
 
 
-Rows = slice | np.ndarray | int
+Rows = slice | np.ndarray | int | list[str]  # a list: the names of literals (arena ``LITERALS``)
+LITERALS = -1  # the "arena" of reads stacked straight from literal values
 
 
 @dataclass
@@ -137,7 +140,7 @@ class Step:
 class FlatPlan:
     kinds: list[Kind]
     rows: list[int]  # rows of each arena
-    literals: list[list[str]]  # per arena: the literals placed in its first rows (values given at run time)
+    literal_runs: list[tuple[int, int, list[str]]]  # (arena, first row, literals): values given at run time
     steps: list[Step]
     locations: dict[str, tuple[int, int]]  # wanted value -> (arena, row)
     report: BatchReport
@@ -175,14 +178,14 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     locations = {name: _place(planner.location[name]) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if step.groups else [read])]
-    gathers = sum(isinstance(rows, np.ndarray) for rows in reads)
+    gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
     alone = int(np.count_nonzero(problem.sig == UNBATCHABLE))
     report = BatchReport(scheduler, problem.size, len(schedule), problem.lower_bound(), alone, gathers,
                          views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled})
-    return FlatPlan(list(planner.kinds), planner.rows, planner.literal_rows, steps, locations, report)
+    return FlatPlan(list(planner.kinds), planner.rows, planner.literal_runs, steps, locations, report)
 
 
 class _Planner:
@@ -194,9 +197,9 @@ class _Planner:
         self.opsets = opsets
         self.kinds: dict[Kind, int] = {}
         self.rows: list[int] = []
-        self.literal_rows: list[list[str]] = []
-        self.location: dict[str, int] = {}  # per-instance value -> arena << ROW_BITS | row
-        self._place_literals()
+        self.literal_runs: list[tuple[int, int, list[str]]] = []
+        # per-instance value -> arena << ROW_BITS | row; a literal gets its row when first asked for
+        self.location = _Locations(self._place_literal)
         self.classes: list[tuple] = []
         self.class_of: dict[tuple, int] = {}  # a signature -> its class
         self.record_class: list[int] = []  # per record (live ones, in order): its class
@@ -298,18 +301,19 @@ class _Planner:
         template = _templates[key]
         return template if isinstance(template, Template) else None
 
-    def _place_literals(self) -> None:
-        """Every literal: a row of its arena (those of one kind in a run of rows)."""
-        by_kind: dict[tuple[int, tuple[int, ...]], list[str]] = {}
-        for name, array in self.literals.items():  # dtype.num: cheaper to hash than the dtype
-            by_kind.setdefault((array.dtype.num, array.shape), []).append(name)
-        for names in by_kind.values():
-            first = self.literals[names[0]]
-            arena = self.arena((ValueType.tensor(first.dtype, first.shape).elem_type, first.shape))
-            base = arena << ROW_BITS | self.rows[arena]
-            self.location.update(zip(names, range(base, base + len(names))))
-            self.rows[arena] += len(names)
-            self.literal_rows[arena] += names
+    def _place_literal(self, name: str) -> int:
+        """A row for a literal read beside computed values (or wanted as it is), after the rows
+        its arena has now; literals placed one after the other make one run, stacked at once."""
+        array = self.literals[name]
+        arena = self.arena((ValueType.tensor(array.dtype, array.shape).elem_type, array.shape))
+        row = self.rows[arena]
+        self.rows[arena] += 1
+        runs = self.literal_runs
+        if runs and runs[-1][0] == arena and runs[-1][1] + len(runs[-1][2]) == row:
+            runs[-1][2].append(name)
+        else:
+            runs.append((arena, row, [name]))
+        return arena << ROW_BITS | row
 
     @staticmethod
     def _sum_key(record: TraceRecord) -> tuple | None:
@@ -329,7 +333,6 @@ class _Planner:
                               "(float8, 4-bit and bfloat16 types take the general path)")
             index = self.kinds[kind] = len(self.rows)
             self.rows.append(0)
-            self.literal_rows.append([])
         return index
 
     # ------------------------------------------------------------------ templates
@@ -428,8 +431,12 @@ class _Planner:
         return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
                     groups=groups)
 
-    def _rows(self, names: Sequence[str]) -> tuple[int, slice | np.ndarray]:
-        """The arena holding these values (one: they have one type) and their rows in it."""
+    def _rows(self, names: Sequence[str]) -> tuple[int, Rows]:
+        """The arena holding these values (one: they have one type) and their rows in it; for
+        literals only, ``LITERALS`` and their names: stacked straight from their values."""
+        literals = self.literals
+        if names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(name in literals for name in names):
+            return LITERALS, list(names)
         places = list(map(self.location.__getitem__, names))
         first = places[0]
         arena, row = _place(first)
@@ -447,6 +454,18 @@ class _Planner:
         base = arena << ROW_BITS | start
         self.location.update(zip(names, itertools.repeat(base) if once else range(base, base + len(names))))
         return arena, start
+
+
+class _Locations(dict):
+    """Planner locations by value name; a missing one is a literal's, placed by ``place``."""
+
+    def __init__(self, place: Callable[[str], int]) -> None:
+        super().__init__()
+        self.place = place
+
+    def __missing__(self, name: str) -> int:
+        location = self[name] = self.place(name)
+        return location
 
 
 def _place(location: int) -> tuple[int, int]:

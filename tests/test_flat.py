@@ -611,10 +611,10 @@ def test_contiguous_rows_are_read_as_views(scheduler):
     reads = [rows for step in plan.steps for _, rows in step.reads]
     assert report.gathers_avoided == sum(isinstance(r, slice) for r in reads)
     assert report.gathers == len(reads) - report.gathers_avoided
-    # contiguous rows in order are never gathered
+    # contiguous rows in order are never gathered (a list names literals, stacked from their values)
     for step in plan.steps:
         for _, rows in step.reads:
-            if not isinstance(rows, slice):
+            if isinstance(rows, np.ndarray):
                 assert not np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows))), rows
     # the chain reads the rows the step before wrote: Tanh reads Add's (4 steps), MatMul(h, W)
     # reads Tanh's (3 steps), as views
@@ -638,6 +638,28 @@ def test_gathered_rows_are_right_when_not_contiguous():
     assert batch.last_plan.report.gathers >= 1
     for k, value in enumerate(values):
         assert_same(value, np.tanh(data[k]) * np.tanh(data[len(data) - 1 - k]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_literals_are_stacked_from_their_values_and_placed_only_beside_computed_values(backend):
+    """An operand whose members all read known values stacks them straight from those values
+    (no arena rows); one that mixes known and computed values reads them from an arena, where
+    the known ones get rows of their own."""
+    data = [_f32(D) for _ in range(4)]
+    with Batch(backend=backend) as batch:
+        known = [batch.constant(x) for x in data]
+        squares = [ops.mul(x, x) for x in known]  # reads literals only
+        mixed = [ops.add(squares[k] if k % 2 else known[k], known[3 - k]) for k in range(4)]  # both kinds
+        values = batch.run(mixed)
+    assert_flat_ran(batch)
+    plan = batch.last_plan
+    square_step = next(step for step in plan.steps if step.template is not None and step.template.graph.name.endswith("Mul"))
+    assert all(arena == flat.LITERALS for arena, _ in square_step.reads)
+    placed = {name for _, _, names in plan.literal_runs for name in names}
+    assert placed == {known[k].name for k in (0, 2)}  # the ones read beside computed values
+    for k, value in enumerate(values):
+        first = data[k] * data[k] if k % 2 else data[k]
+        assert_same(value, first + data[3 - k])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
