@@ -30,10 +30,8 @@ EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "LSTM", "GRU", "RNN", "Eins
 
 def depth_schedule(problem: Problem) -> Schedule:
     groups: dict[tuple[int, int], list[int]] = {}
-    for i in range(problem.size):
-        cls = int(problem.sig[i])
-        key = (int(problem.depth[i]), cls if cls != UNBATCHABLE else -1 - i)
-        groups.setdefault(key, []).append(i)
+    for i, (depth, cls) in enumerate(zip(problem.depth.tolist(), problem.sig.tolist())):  # lists: no NumPy scalars
+        groups.setdefault((depth, cls if cls != UNBATCHABLE else -1 - i), []).append(i)
     return [groups[key] for key in sorted(groups)]
 
 
