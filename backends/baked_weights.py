@@ -42,7 +42,7 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
-        return self.array.nbytes + (self.copy.nbytes if self.copy is not None else 0)
+        return self.array.nbytes + (self.copy.nbytes if self.copy is not None and self.copy is not self.array else 0)
 
 
 class WeightSnapshots:
@@ -64,12 +64,12 @@ class WeightSnapshots:
         with self._lock:
             snapshot = self._snapshots.get(id(array))
             if snapshot is None:
-                self._keep(Snapshot(array, array.copy()))
+                self._keep(Snapshot(array, array if is_frozen(array) else array.copy()))
                 return None
             self._snapshots.move_to_end(id(array))
         if snapshot.copy is None:
             return None
-        if _same_bits(array, snapshot.copy):
+        if snapshot.copy is array or _same_bits(array, snapshot.copy):  # a frozen array is its own snapshot
             return snapshot
         with self._lock:
             if snapshot.copy is not None and self._snapshots.get(id(array)) is snapshot:
@@ -90,6 +90,17 @@ class WeightSnapshots:
 
     def __len__(self) -> int:
         return len(self._snapshots)
+
+
+def is_frozen(array: np.ndarray) -> bool:
+    """Whether nothing can change the array's values: it and every array it views are
+    read-only, over memory that is no one else's (or immutable bytes)."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return base is None or isinstance(base, bytes)
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:

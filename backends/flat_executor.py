@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto, helper, numpy_helper
 
-from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots
+from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher.flat import LITERALS, FlatPlan, Rows, Step, Template
@@ -153,7 +153,8 @@ class FlatExecutor:
         stable = {}
         for name, count in launches.items():
             array = weights[name]
-            if count >= BAKE_MIN_LAUNCHES and isinstance(array, np.ndarray) and array.nbytes >= BAKE_MIN_BYTES:
+            if (isinstance(array, np.ndarray) and array.nbytes >= BAKE_MIN_BYTES
+                    and (count >= BAKE_MIN_LAUNCHES or is_frozen(array))):  # a frozen one costs no compare
                 snapshot = self.snapshots.stable(array)
                 if snapshot is not None:
                     stable[name] = snapshot

@@ -37,7 +37,7 @@ def available() -> str | None:
 
 
 def _t(array: np.ndarray) -> Any:
-    return torch.from_numpy(np.ascontiguousarray(array))
+    return torch.from_numpy(np.array(array))  # a writable copy: ours are frozen
 
 
 def _lstm(W: np.ndarray, U: np.ndarray, b: np.ndarray, Wr: np.ndarray, Ur: np.ndarray, br: np.ndarray) -> Any:

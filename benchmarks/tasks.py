@@ -77,7 +77,14 @@ class Task:
 
 
 def build(name: str, count: int, size: int) -> Task:
-    """``count`` instances of task ``name`` at ``size`` (embedding = hidden size)."""
+    """``count`` instances of task ``name`` at ``size`` (embedding = hidden size), its
+    parameters frozen: this is inference (``Parameter.freeze``)."""
+    task = _unfrozen(name, count, size)
+    task.params.freeze()
+    return task
+
+
+def _unfrozen(name: str, count: int, size: int) -> Task:
     if name == "treelstm":
         trees, source = sst_trees(limit=count)
         return Task(name, trees, tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=size), source, size)

@@ -39,6 +39,12 @@ class Params(dict):
         self[name] = Parameter((self.rng.standard_normal(shape) * scale).astype(np.float32), name=name)
         return self[name]
 
+    def freeze(self) -> Params:
+        """Every parameter read-only (``Parameter.freeze``): inference from here on."""
+        for parameter in self.values():
+            parameter.freeze()
+        return self
+
     def cell(self, name: str, make: Callable[[], Cell]) -> Cell:
         """The cell ``name`` of this parameter set, made by ``make()`` the first time."""
         made = self._cells.get(name)

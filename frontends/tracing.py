@@ -155,6 +155,15 @@ class Parameter:
     def shape(self) -> tuple[int, ...]:
         return self.array.shape
 
+    def freeze(self) -> Parameter:
+        """Make the values read-only, for inference: onnxruntime templates then bake this weight
+        in from its second run on, even where a run reads it once, and never compare it with a
+        copy (``backends.baked_weights``). Writing to it raises; assign ``array`` to change it."""
+        if self.array.base is not None:  # a view: whatever it views could still change it
+            self.array = self.array.copy()
+        self.array.flags.writeable = False
+        return self
+
 
 @dataclass(slots=True)
 class _Record:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from autobatch import Batch, Parameter, cell, ops
-from autobatch.backends.baked_weights import BAKE_MIN_BYTES, WeightSnapshots
+from autobatch.backends.baked_weights import BAKE_MIN_BYTES, WeightSnapshots, is_frozen
 from autobatch.session import WEIGHT_SNAPSHOTS
 
 STEPS, WIDTH, HIDDEN = 4, 128, 256  # W and U: 128 KiB each, above BAKE_MIN_BYTES
@@ -109,6 +109,36 @@ def test_a_weight_launched_once_a_run_is_never_snapshot():
         values, _ = run_batched(sequences, W, U, cells=True)
         assert_current(sequences, values, W, U)
     assert W.array not in WEIGHT_SNAPSHOTS
+
+
+def test_frozen_weights_launched_once_a_run_are_baked_without_a_copy():
+    W, U = (p.freeze() for p in make_weights(seed=8))
+    sequences = [xs[:1] for xs in inputs()]  # one launch a run reads W and U
+    for _ in range(3):
+        values, batch = run_batched(sequences, W, U, cells=True)
+        assert_current(sequences, values, W, U)
+    assert baked_sessions(batch) >= 1
+    assert WEIGHT_SNAPSHOTS.stable(W.array).copy is W.array  # its own snapshot: nothing can change it
+
+
+def test_freezing_a_parameter_makes_its_values_read_only():
+    base = np.ones((4, 4), np.float32)
+    view = Parameter(base[1:]).freeze()  # a view is copied first: its base could still change it
+    owner = Parameter(np.ones(3, np.float32)).freeze()
+    for parameter in (view, owner):
+        assert is_frozen(parameter.array)
+        with pytest.raises(ValueError, match="read-only"):
+            parameter.array[0] = 2.0
+    base[1] = 5.0
+    assert float(view.array[0, 0]) == 1.0 and base.flags.writeable
+
+
+def test_an_array_is_frozen_only_when_nothing_can_write_to_it():
+    writable = np.zeros(4, np.float32)
+    read_only_view = writable[:]
+    read_only_view.flags.writeable = False
+    assert not is_frozen(writable) and not is_frozen(read_only_view)  # its base still takes writes
+    assert is_frozen(np.frombuffer(b"\0" * 16, np.float32))  # over immutable bytes
 
 
 def test_small_weights_are_never_snapshot():
