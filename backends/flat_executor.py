@@ -41,7 +41,7 @@ class OrtTemplate:
         fed = {name for name in graph.inputs if name.startswith("w")}
         self.bakeable = frozenset(node.inputs[1] for node in graph.nodes.values()
                                   if node.op_type in PACKED_OPS and not node.domain and node.inputs[1] in fed)
-        self._fed = self._session(to_onnx(graph, check=False))
+        self._fed: ort.InferenceSession | None = None  # made when first needed: a template may only ever run baked
         self._baked: Recent = Recent(BAKED_SESSIONS_KEPT)
 
     @property
@@ -55,13 +55,16 @@ class OrtTemplate:
 
     def __call__(self, feeds: dict[str, Any], baked: Mapping[str, Snapshot] | None = None) -> list[Any]:
         """``baked``: the stable weights among the feeds, by input name (only those in ``bakeable``)."""
-        session = self._fed
         if baked:
             key = tuple(baked.items())
             session = self._baked.get(key)
             if session is None:
                 session = self._baked[key] = self._baked_session(baked)
             feeds = {name: value for name, value in feeds.items() if name not in baked}
+        else:
+            session = self._fed
+            if session is None:
+                session = self._fed = self._session(to_onnx(self.graph, check=False))
         try:
             return session.run(self.outputs, feeds)
         except Exception as error:  # onnxruntime raises its own exception types
