@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autobatch.batcher.problem import UNBATCHABLE, build_problem
@@ -15,18 +16,25 @@ from autobatch.ir.gc_pause import without_gc
 @dataclass
 class BatchReport:
     """What one batching run did. ``launches`` counts batched ops plus nodes run alone;
-    ``lower_bound`` is ED-Batch's bound for the same graph."""
+    ``lower_bound`` is ED-Batch's bound for the same graph (``bound``: it, or how to work it
+    out when first asked for, which costs a pass over the graph that planning did not need)."""
 
     scheduler: str
     nodes: int
     launches: int
-    lower_bound: int
+    bound: int | Callable[[], int]
     fallback_nodes: int
     gathers: int
     gathers_avoided: int
     merged_duplicates: int
     seconds: dict[str, float] = field(default_factory=dict)  # batching: analyse, schedule, plan/rewrite
     execution: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
+
+    @property
+    def lower_bound(self) -> int:
+        if callable(self.bound):
+            self.bound = self.bound()
+        return self.bound
 
     @property
     def ratio(self) -> float:
@@ -87,7 +95,7 @@ class BatchingPass:
 
         stats = rewriter.stats
         report = BatchReport(
-            self.scheduler_name, problem.size, len(schedule), problem.lower_bound(),
+            self.scheduler_name, problem.size, len(schedule), problem.deferred_lower_bound(),
             int((problem.sig == UNBATCHABLE).sum()), stats.gathers, stats.gathers_avoided,
             stats.merged_duplicates, seconds,
         )

@@ -182,7 +182,7 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
     alone = int(np.count_nonzero(problem.sig == UNBATCHABLE))
-    report = BatchReport(scheduler, problem.size, len(schedule), problem.lower_bound(), alone, gathers,
+    report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), alone, gathers,
                          views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled})
     return FlatPlan(list(planner.kinds), planner.rows, planner.literal_runs, steps, locations, report)

@@ -24,7 +24,8 @@ class Problem:
 
     ``sig[i]`` is the signature class of node i (``UNBATCHABLE`` when it has none);
     ``depth[i]`` its topological generation; ``level[i]`` the largest number of nodes of its
-    own class on any dependency path ending at it (itself included).
+    own class on any dependency path ending at it (itself included), worked out when first
+    asked for: only the level scheduler and the lower bound read it.
     """
 
     node_ids: list[int]
@@ -32,22 +33,40 @@ class Problem:
     preds: list[list[int]]
     succs: list[list[int]]
     depth: np.ndarray
-    level: np.ndarray
     classes: list[Signature] = field(default_factory=list)
+    _level: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return len(self.node_ids)
 
+    @property
+    def level(self) -> np.ndarray:
+        if self._level is None:
+            self._level = _levels(self.preds, self.sig, len(self.classes), self.depth)
+        return self._level
+
     def lower_bound(self) -> int:
         """ED-Batch's bound: unbatchable nodes plus, per class, its most nodes on one path."""
-        unbatchable = int(np.count_nonzero(self.sig == UNBATCHABLE))
-        batchable = self.sig != UNBATCHABLE
-        if not batchable.any():
-            return unbatchable
-        per_class = np.zeros(len(self.classes), dtype=np.int64)
-        np.maximum.at(per_class, self.sig[batchable], self.level[batchable])
-        return unbatchable + int(per_class.sum())
+        return _lower_bound(self.sig, self.level, len(self.classes))
+
+    def deferred_lower_bound(self) -> int | Callable[[], int]:
+        """The bound now where the levels are known, else how to work it out later: a closure
+        over what the levels need (not the successor lists), for a report to resolve if asked."""
+        if self._level is not None:
+            return self.lower_bound()
+        preds, sig, classes, depth = self.preds, self.sig, len(self.classes), self.depth
+        return lambda: _lower_bound(sig, _levels(preds, sig, classes, depth), classes)
+
+
+def _lower_bound(sig: np.ndarray, level: np.ndarray, classes: int) -> int:
+    unbatchable = int(np.count_nonzero(sig == UNBATCHABLE))
+    batchable = sig != UNBATCHABLE
+    if not batchable.any():
+        return unbatchable
+    per_class = np.zeros(classes, dtype=np.int64)
+    np.maximum.at(per_class, sig[batchable], level[batchable])
+    return unbatchable + int(per_class.sum())
 
 
 def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = None) -> Problem:
@@ -83,7 +102,7 @@ def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], c
         for u in ps:
             succs[u].append(v)
     depth = _depths(preds)
-    return Problem(node_ids, sig, preds, succs, depth, _levels(preds, sig, len(classes), depth), classes)
+    return Problem(node_ids, sig, preds, succs, depth, classes)
 
 
 def _depths(preds: list[list[int]]) -> np.ndarray:

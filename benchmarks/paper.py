@@ -452,13 +452,11 @@ def sweep(args: argparse.Namespace, records: list[Record], dynet_sweeps: dict[in
         torch_run = peers_torch.Models(task).runners()["hand-batched"] if peers_torch.available() is None and not args.no_torch else None
         for k in sizes:
             subset = task.instances[:k]
-            _, r = best_of(lambda: run_ours(task, subset, form, fastest.backend, scheduler), 1, lambda r: r.seconds)
+            _, r = best_of(lambda: run_ours(task, subset, form, fastest.backend, scheduler), args.repeats,
+                           lambda r: r.seconds)
             out.append(Record(name, "ours", fastest.variant, fastest.backend, k, k / r.seconds, r.seconds, k))
             if torch_run is not None:
-                torch_run(subset)
-                start = time.perf_counter()
-                torch_run(subset)
-                seconds = time.perf_counter() - start
+                _, seconds = best_of(lambda: _timed(torch_run, subset), args.repeats, lambda seconds: seconds)
                 out.append(Record(name, "pytorch", "hand-batched", "torch-cpu", k, k / seconds, seconds, k))
             print(f"  sweep {name} minibatch {k}: done", flush=True)
         for autobatch, result in dynet_sweeps.items():
@@ -470,6 +468,12 @@ def sweep(args: argparse.Namespace, records: list[Record], dynet_sweeps: dict[in
                 for k, seconds in rec["sweep"].items():
                     out.append(Record(name, "dynet", variant, "dynet-cpu", int(k), int(k) / seconds, seconds, int(k)))
     return out
+
+
+def _timed(run: Callable[[Any], Any], instances: Sequence[Any]) -> float:
+    start = time.perf_counter()
+    run(instances)
+    return time.perf_counter() - start
 
 
 def plot(points: list[Record], path: str, size: int) -> None:

@@ -395,3 +395,14 @@ def test_levels_of_independent_nodes_are_one(with_edge: bool) -> None:
     want = [1, 1, 1, 0, 1, 2 if with_edge else 1]
     assert problem.level.tolist() == want
     assert problem.lower_bound() == (4 if with_edge else 3)
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_a_report_works_its_lower_bound_out_when_asked(scheduler: str) -> None:
+    """Only the level scheduler needs the levels; for the others a report's lower bound is
+    deferred until read, and then equals the bound worked out at once."""
+    graph = Graph.union([tree_instance(2, True), tree_instance(3, True), chain_instance(3)])
+    report = BatchingPass(scheduler)(graph).report
+    assert callable(report.bound) == (scheduler != "level")
+    want = build_problem(graph, lambda node: True).lower_bound()
+    assert report.lower_bound == want and report.bound == want
