@@ -7,6 +7,8 @@ Oracle: the same recurrence written in NumPy on the weights' values at the time 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -36,12 +38,20 @@ def recurrence_in_numpy(xs: np.ndarray, W: Parameter, U: Parameter) -> np.ndarra
     return h
 
 
+_CELLS: dict[tuple[int, int], tuple[Parameter, Parameter, Any]] = {}  # one cell per weights (its template too)
+
+
 def run_batched(sequences: list[np.ndarray], W: Parameter, U: Parameter, cells: bool) -> tuple[list[np.ndarray], Batch]:
     """The last state of ``h = tanh(x W + h U)`` over every sequence, on onnxruntime."""
     def step(x, h):
         return ops.tanh(ops.matmul(x, W) + ops.matmul(h, U))
 
-    step_fn = cell(step) if cells else step
+    step_fn: Any = step
+    if cells:  # kept with its weights, so that no later pair of weights takes their ids
+        kept = _CELLS.get((id(W), id(U)))
+        if kept is None:
+            kept = _CELLS[id(W), id(U)] = (W, U, cell(step))
+        step_fn = kept[2]
     with Batch(backend="onnxruntime") as batch:
         finals = []
         for xs in sequences:
@@ -176,3 +186,25 @@ def test_snapshots_stay_within_their_budget():
     assert snapshots.stable(big) is None and big not in snapshots
     transposed = np.zeros((64, 64), np.float32).T  # not C-contiguous: never compared
     assert snapshots.stable(transposed) is None and snapshots.stable(transposed) is None
+
+
+def test_batches_in_threads_share_baked_weights_and_stay_right():
+    """Threads running batches at once (a server's engines) share the snapshots and the
+    templates' baked sessions; every batch's results are its own weights' (one thread's weights
+    change in place meanwhile)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    frozen = tuple(p.freeze() for p in make_weights(seed=9))
+    sequences = inputs()
+
+    def work(k: int) -> None:
+        W, U = frozen if k % 2 else make_weights(seed=10 + k)  # odd threads share one frozen set
+        for round_ in range(4):
+            if not k % 2 and round_ == 2:
+                W.array *= -1.0  # in place, while the other threads run
+            values, _ = run_batched(sequences, W, U, cells=True)
+            assert_current(sequences, values, W, U)
+
+    with ThreadPoolExecutor(4) as pool:
+        for future in [pool.submit(work, k) for k in range(4)]:
+            future.result()
