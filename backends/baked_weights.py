@@ -14,7 +14,10 @@ weight is known to be stable:
   baked from the snapshot; different, the array is volatile from then on and always fed (a
   training loop that changes weights in place pays one compare, then nothing).
 
-So a weight changed in place, or replaced by another array, is never read stale.
+So a weight changed in place, or replaced by another array, is never read stale. The cost is
+memory: a snapshot copies its weight (a frozen one excepted), and every baked session holds
+onnxruntime's own packed copy (onnxruntime's Python API cannot share packed weights between
+sessions).
 """
 
 from __future__ import annotations
