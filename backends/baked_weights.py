@@ -106,7 +106,10 @@ def is_frozen(array: np.ndarray) -> bool:
     return base is None or isinstance(base, bytes)
 
 
+_UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}  # by item size; any other size is read as bytes
+
+
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal bit for bit (0.0 differs from -0.0; a NaN equals itself), read as unsigned ints."""
-    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize, np.uint8)
+    unsigned = _UNSIGNED.get(a.dtype.itemsize, np.uint8)
     return bool(np.array_equal(a.view(unsigned), b.view(unsigned)))

@@ -109,10 +109,10 @@ class FlatExecutor:
                   for (elem_type, shape), rows in zip(plan.kinds, plan.rows)]
         for arena, first, names in plan.literal_runs:
             np.stack([literals[name] for name in names], out=arenas[arena][first:first + len(names)])
-        stable = self._stable_weights(plan, weights) if self.snapshots is not None else None
+        baked_by_step = self._baked_by_step(plan, weights) if self.snapshots is not None else None
         gather = clock() - start
         kernels = scatter = 0.0
-        for step in plan.steps:
+        for k, step in enumerate(plan.steps):
             begin = clock()
             if step.groups:  # ragged: every member's rows, one after the other
                 stacked = [_concatenated(arenas, literals, parts) for parts in step.reads]
@@ -126,7 +126,7 @@ class FlatExecutor:
                 feeds = {f"x{i}": value for i, value in zip(template.stacked, stacked)}
                 feeds.update((f"w{i}", weights[name]) for i, name in zip(template.fed, step.weights))
                 runner = self.runner(template)
-                baked = _baked_feeds(runner, template, step, stable) if stable else None
+                baked = baked_by_step[k] if baked_by_step is not None else None
                 outputs = runner(feeds, baked) if baked else runner(feeds)
             ran = clock()
             for write, value in zip(step.writes, outputs):
@@ -143,32 +143,29 @@ class FlatExecutor:
             seconds.update(gather=gather, kernels=kernels, scatter=scatter)
         return arenas
 
-    def _stable_weights(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> dict[str, Snapshot]:
-        """The weights this run may read baked, by name: those launched often enough as a
-        bakeable input, big enough, and unchanged since their snapshot (checked once a run)."""
+    def _baked_by_step(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> list[dict[str, Snapshot]]:
+        """Per step, the weights its runner reads baked this run, by input name: those it may
+        bake (``bakeable``) that are big enough, launched often enough (or frozen), and
+        unchanged since their snapshot (checked once a run)."""
+        bakeable_by_step: list[list[tuple[str, str]]] = []  # per step: (input name, weight name)
         launches: dict[str, int] = {}
         for step in plan.steps:
+            pairs = []
             if step.template is not None:
                 bakeable = getattr(self.runner(step.template), "bakeable", ())
-                for i, name in zip(step.template.fed, step.weights):
-                    if f"w{i}" in bakeable:
-                        launches[name] = launches.get(name, 0) + 1
-        stable = {}
+                pairs = [(f"w{i}", name) for i, name in zip(step.template.fed, step.weights) if f"w{i}" in bakeable]
+                for _, name in pairs:
+                    launches[name] = launches.get(name, 0) + 1
+            bakeable_by_step.append(pairs)
+        stable: dict[str, Snapshot] = {}
         for name, count in launches.items():
             array = weights[name]
             if (isinstance(array, np.ndarray) and array.nbytes >= BAKE_MIN_BYTES
                     and (count >= BAKE_MIN_LAUNCHES or is_frozen(array))):  # a frozen one costs no compare
-                snapshot = self.snapshots.stable(array)
+                snapshot = self.snapshots.stable(array)  # type: ignore[union-attr]
                 if snapshot is not None:
                     stable[name] = snapshot
-        return stable
-
-
-def _baked_feeds(runner: Any, template: Template, step: Step, stable: dict[str, Snapshot]) -> dict[str, Snapshot]:
-    """The step's stable weights its runner bakes, by input name."""
-    bakeable = getattr(runner, "bakeable", ())
-    return {f"w{i}": stable[name] for i, name in zip(template.fed, step.weights)
-            if name in stable and f"w{i}" in bakeable}
+        return [{feed: stable[name] for feed, name in pairs if name in stable} for pairs in bakeable_by_step]
 
 
 def _read(arenas: list[np.ndarray], literals: Mapping[str, Any], arena: int, rows: Rows) -> np.ndarray:

@@ -28,7 +28,6 @@ DATA_MOVEMENT = "autobatch:move"
 def is_data_movement(node: Node) -> bool:
     return node.name.startswith(DATA_MOVEMENT)
 
-# Ops whose every run differs: never merged even when their inputs are identical.
 # Stacking reshapes values by a shape *input*, which Reshape takes from opset 5 on.
 MIN_STACKING_OPSET = 5
 
