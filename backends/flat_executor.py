@@ -9,6 +9,7 @@ and each step costs microseconds that add up over hundreds of steps a minibatch.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -21,10 +22,12 @@ from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, 
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher.flat import LITERALS, FlatPlan, Rows, Step, Template
+from autobatch.batcher.sequences import RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 
 TemplateRun = Callable[[dict[str, Any]], list[Any]]  # feeds by input name -> the graph's outputs
-PACKED_OPS = frozenset({"MatMul", "Gemm"})  # onnxruntime packs their constant right operand
+# onnxruntime packs these inputs (by index) of these ops when constant
+PACKED_INPUTS = {"MatMul": (1,), "Gemm": (1,), **{op: (1, 2) for op in RECURRENT}}
 BAKED_SESSIONS_KEPT = 8  # a template's sessions with weights baked in (say, one per LSTM direction)
 
 
@@ -39,8 +42,8 @@ class OrtTemplate:
         self.outputs = list(graph.outputs)
         self.cache = cache
         fed = {name for name in graph.inputs if name.startswith("w")}
-        self.bakeable = frozenset(node.inputs[1] for node in graph.nodes.values()
-                                  if node.op_type in PACKED_OPS and not node.domain and node.inputs[1] in fed)
+        self.bakeable = frozenset(node.inputs[i] for node in graph.nodes.values() if not node.domain
+                                  for i in PACKED_INPUTS.get(node.op_type, ()) if node.inputs[i] in fed)
         self._fed: ort.InferenceSession | None = None  # made when first needed: a template may only ever run baked
         self._baked: Recent = Recent(BAKED_SESSIONS_KEPT)
 
@@ -123,14 +126,18 @@ class FlatExecutor:
             if template is None:  # a sum of terms or a segment reduction: each member's run of rows
                 outputs = [_reduced(stacked[0], step)]
             else:
-                feeds = {f"x{i}": value for i, value in zip(template.stacked, stacked)}
-                feeds.update((f"w{i}", weights[name]) for i, name in zip(template.fed, step.weights))
+                feeds = {f"w{i}": weights[name] for i, name in zip(template.fed, step.weights)}
                 runner = self.runner(template)
                 baked = baked_by_step[k] if baked_by_step is not None else None
-                outputs = runner(feeds, baked) if baked else runner(feeds)
+                run = functools.partial(runner, baked=baked) if baked else runner
+                if step.chunks is not None:  # a recurrent layer, chunk by chunk
+                    outputs = run_chunks(run, feeds, stacked[0], step.chunks, template.sequences)
+                else:
+                    feeds.update((f"x{i}", value) for i, value in zip(template.stacked, stacked))
+                    outputs = run(feeds)
             ran = clock()
             for write, value in zip(step.writes, outputs):
-                if template is not None and template.ragged:
+                if isinstance(write, list):  # a run of rows a member, group by group
                     _split(arenas, write, step.groups, value)
                 elif template is not None and template.once:
                     arenas[write[0]][write[1]] = value
@@ -154,8 +161,9 @@ class FlatExecutor:
             if step.template is not None:
                 bakeable = getattr(self.runner(step.template), "bakeable", ())
                 pairs = [(f"w{i}", name) for i, name in zip(step.template.fed, step.weights) if f"w{i}" in bakeable]
+                runs = len(step.chunks) if step.chunks is not None else 1
                 for _, name in pairs:
-                    launches[name] = launches.get(name, 0) + 1
+                    launches[name] = launches.get(name, 0) + runs
             bakeable_by_step.append(pairs)
         stable: dict[str, Snapshot] = {}
         for name, count in launches.items():

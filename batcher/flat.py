@@ -41,6 +41,7 @@ from autobatch.batcher.ragged import SEGMENT_REDUCTIONS, ragged_signature, segme
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
+from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.types import MISSING
@@ -104,6 +105,9 @@ class Template:
     once: bool
     solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
     ragged: bool = False  # the op itself on every member's rows concatenated (``batcher.ragged``)
+    # A recurrent layer over chunks of padded sequences (``batcher.sequences``): the ONNX index
+    # of each output the template gives.
+    sequences: tuple[int, ...] | None = None
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
@@ -124,7 +128,9 @@ LITERALS = -1  # the "arena" of reads stacked straight from literal values
 class Step:
     """One launch. ``template`` None: a sum of terms or a ``segment`` reduction, ``offsets``
     where each member's rows start. A ragged step (``groups`` set: the members' lengths and how
-    many have each) reads and writes, per operand, one (arena, rows) for each group."""
+    many have each) reads and writes, per operand, one (arena, rows) for each group; a write that
+    is a plain (arena, first row) has one row a member. ``chunks``: the padded calls of a
+    recurrent layer's step (``batcher.sequences``)."""
 
     template: Template | None
     size: int
@@ -134,6 +140,7 @@ class Step:
     offsets: np.ndarray | None = None
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
     segment: Segment | None = None
+    chunks: list[Chunk] | None = None
 
 
 @dataclass
@@ -289,6 +296,8 @@ class _Planner:
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
             return Segment(record.op_type == "ReduceMean", bool(keepdims))
         specs, baked = self._operand_specs(record)
+        if record.op_type in RECURRENT:
+            return self._sequences_template(record, specs, baked)
         rows = tuple(("x", spec[1], ("R", *spec[2][1:])) if spec is not None and spec[0] == "x" else spec
                      for spec in specs)
         key = ("ragged", record.op_type, self.opsets.get("", 1), attributes_key(record.attributes), rows,
@@ -300,6 +309,25 @@ class _Planner:
             _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True)
         template = _templates[key]
         return template if isinstance(template, Template) else None
+
+    def _sequences_template(self, record: TraceRecord, specs: tuple, baked: dict[int, np.ndarray]) -> Template:
+        """The layer over ``x0 [T, B, d]`` (a chunk of padded sequences) and ``x4``, their
+        lengths (``batcher.sequences``)."""
+        _, elem_type, (_, _, width) = specs[0]
+        padded = list(specs) + [None] * max(0, SEQUENCE_LENS + 1 - len(specs))
+        padded[0] = ("x", elem_type, ("T", "B", width))
+        padded[SEQUENCE_LENS] = ("x", TensorProto.INT32, ("B",))
+        key = ("sequences", record.op_type, self.opsets.get("", 1), attributes_key(record.attributes),
+               tuple(padded), tuple(map(bool, record.outputs)))
+        if key not in _templates:
+            inputs = [*record.inputs] + [""] * (len(padded) - len(record.inputs))
+            inputs[SEQUENCE_LENS] = "lengths"
+            node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, inputs,
+                        list(record.outputs), 0, "")
+            solo = _build_solo(node, tuple(padded), baked, self.functions, self.opsets)
+            outputs = tuple(k for k, name in enumerate(record.outputs) if name)
+            _templates[key] = Template(solo.graph, [0], solo.fed, once=False, ragged=True, sequences=outputs)
+        return _templates[key]  # type: ignore[return-value]
 
     def _place_literal(self, name: str) -> int:
         """A row for a literal read beside computed values (or wanted as it is), after the rows
@@ -419,9 +447,15 @@ class _Planner:
         groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
         bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
         inputs = list(zip(*[member.inputs for member in members]))
-        stacked = [data] if isinstance(template, Segment) else template.stacked
+        stacked = [data] if isinstance(template, Segment) or template.sequences else template.stacked
         reads = [[self._rows(inputs[i][lo:hi]) for lo, hi in zip(bounds, bounds[1:])] for i in stacked]
         outputs = list(zip(*[member.outputs for member in members]))
+        if isinstance(template, Template) and template.sequences:  # the layer's outputs: Y a run of rows a member, final states a row each
+            writes = [[self._write(members[lo], 0, names[lo:hi], False) for lo, hi in zip(bounds, bounds[1:])]
+                      if k == 0 else self._write(members[0], k, names, False) for k, names in enumerate(outputs)
+                      if names[0]]
+            return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
+                        groups=groups, chunks=chunks(lengths))
         if isinstance(template, Segment):  # one output, of one shape: K rows of one arena
             offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
             return Step(None, len(members), reads, [], [self._write(members[0], 0, outputs[0], False)], offsets,

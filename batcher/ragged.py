@@ -8,8 +8,10 @@ Row-wise here: elementwise ops whose per-instance operands all have one shape an
 operands do not reach axis 0 (a lower rank, or a size of 1 there); MatMul of a per-instance ``[n, k]`` by a shared
 ``[k, m]``; Gemm of such an ``[n, k]`` (not transposed); Gather of a shared table by per-instance indices
 ``[n]`` (embedding lookups); Softmax, LogSoftmax and LayerNormalization over a later axis;
-Concat of per-instance operands along a later axis. ReduceSum and ReduceMean over axis 0 alone are
-segment reductions.
+Concat of per-instance operands along a later axis; Unsqueeze and Squeeze of axes after axis 0; Flatten
+from axis 1. ReduceSum and
+ReduceMean over axis 0 alone are segment reductions. Recurrent layers over sequences of different
+lengths batch as packed sequences (``batcher.sequences``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.batcher.sequences import sequence_signature
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import ValueType, attribute_value
 
@@ -37,6 +40,9 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int)
     row-wise for these operands (see the module). ``record`` is a ``flat.TraceRecord``."""
     if record.domain:
         return None
+    sequences = sequence_signature(record)
+    if sequences is not None:
+        return sequences
     data = [(i, entry) for i, entry in enumerate(record.entries) if isinstance(entry, ValueType)]
     shapes = [entry.shape for _, entry in data]
     if not shapes or any(not shape for shape in shapes) or any(shape[0] != shapes[0][0] for shape in shapes):
@@ -74,6 +80,14 @@ def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights
         return [i for i, _ in data] == [0] and _attribute(record, "axis", -1) % rank != 0
     if op == "Gather":
         return [i for i, _ in data] == [1] and rank == 1 and _attribute(record, "axis", 0) == 0
+    if op == "Flatten":  # rows flattened from axis 1 on
+        return len(data) == 1 and _attribute(record, "axis", 1) == 1
+    if op in ("Unsqueeze", "Squeeze"):  # axes of size 1 added or dropped after axis 0
+        if [i for i, _ in data] != [0]:
+            return False
+        axes = _axes(record, weights)
+        axes_of = len(record.types[0].shape) if op == "Unsqueeze" else rank
+        return axes is not None and all(a % axes_of != 0 for a in axes)
     if op in ("Softmax", "LogSoftmax"):
         return len(data) == 1 and rank >= 2 and _attribute(record, "axis", -1) % rank != 0
     return False
@@ -98,6 +112,14 @@ def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int)
     if [a % rank for a in axes] != [0] or _attribute(record, "noop_with_empty_axes", 0):
         return None
     return bool(_attribute(record, "keepdims", 1))
+
+
+def _axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] | None:
+    """An Unsqueeze's or Squeeze's axes: its second input (opset 13 on) or its attribute."""
+    if len(record.inputs) > 1 and record.inputs[1]:
+        return np.asarray(weights[record.inputs[1]]).ravel().tolist()
+    axes = _attribute(record, "axes", None)
+    return None if axes is None else list(axes)
 
 
 def _attribute(record: Any, name: str, default: Any) -> Any:

@@ -5,8 +5,9 @@ an MLP without biases, ``scores_t = tanh([f_t; b_t] @ H) @ O`` (row-vector form 
 ``O * tanh(H * [f; b])``); the loss of a sentence is the sum of its tokens'
 ``-log_softmax(scores_t)[tag_t]``. Words not in the vocabulary read row 0 (unknown).
 
-Two forms over the same parameters: ``loss_primitive`` (every op one IR node) and
-``loss_cells`` (one cell per LSTM step and one per token's MLP + loss).
+Three forms over the same parameters: ``loss_primitive`` (every op one IR node),
+``loss_cells`` (one cell per LSTM step and one per token's MLP + loss) and ``loss_sequences``
+(the sentence as a matrix: one bidirectional ``ops.lstm``, the MLP and loss over its rows).
 
     python -m autobatch.examples.bilstm_tagger [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
@@ -16,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from autobatch import cell, ops
 from autobatch.datasets import wikiner_sentences
-from autobatch.examples.common import Params, Vocabulary, add_lstm, argument_parser, bilstm, measure_losses, run_all
+from autobatch.examples.common import (Params, Vocabulary, add_bilstm, argument_parser, bilstm, bilstm_rows, measure_losses,
+                                      run_all)
 
 Sentence = Sequence[tuple[str, str]]
 
@@ -30,11 +34,11 @@ def make_vocabularies(sentences: Sequence[Sentence]) -> tuple[Vocabulary, Vocabu
 
 
 def add_tagger_params(p: Params, words: int, tags: int, size: int, inputs: int | None = None) -> None:
-    """Word table, forward/backward LSTMs (``wf``, ``wb``) and the MLP ``H``, ``O``."""
+    """Word table, forward/backward LSTMs (``wf``, ``wb``, and ``w_onnx_*`` as one
+    bidirectional layer) and the MLP ``H``, ``O``."""
     inputs = inputs or size
     p.add("E", words, inputs, scale=1.0)
-    add_lstm(p, "wf", inputs, size)
-    add_lstm(p, "wb", inputs, size)
+    add_bilstm(p, "w", inputs, size)
     p.add("H", 2 * size, size)
     p.add("O", size, tags)
 
@@ -66,6 +70,23 @@ def tag_losses(vectors: Sequence[Any], tags: Sequence[int], p: Params, cells: bo
     return ops.esum(losses)
 
 
+def sequence_tag_losses(x: Any, tags: Sequence[int], p: Params) -> Any:
+    """The summed NLL of a sentence given its word vectors as the rows of ``x [n, d]``."""
+    states, _ = bilstm_rows(x, p, "w")
+    scores = ops.matmul(ops.tanh(ops.matmul(states, p["H"])), p["O"])
+    gold = np.zeros(scores.shape, dtype=np.float32)
+    gold[np.arange(len(tags)), tags] = 1.0  # one-hot rows: picks each token's log-probability
+    picked = ops.reduce_sum(ops.mul(ops.log_softmax(scores), gold), axis=0)
+    return ops.neg(ops.reduce_sum(picked))
+
+
+def loss_sequences(sentence: Sentence, params: Params) -> Any:
+    """Summed token NLL of one sentence, its BiLSTM one op."""
+    words, tags = params.config["words"], params.config["tags"]
+    x = ops.lookup(params["E"], [words[w] for w, _ in sentence])
+    return sequence_tag_losses(x, [tags[t] for _, t in sentence], params)
+
+
 def _loss(sentence: Sentence, p: Params, cells: bool) -> Any:
     words, tags = p.config["words"], p.config["tags"]
     vectors = [ops.lookup(p["E"], words[w]) for w, _ in sentence]
@@ -82,7 +103,7 @@ def loss_cells(sentence: Sentence, params: Params) -> Any:
     return _loss(sentence, params, cells=True)
 
 
-LOSSES = {"primitive": loss_primitive, "cells": loss_cells}
+LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "sequences": loss_sequences}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,8 +8,9 @@ every other word (rare, or never seen) is spelled: its characters, between two p
 hidden size ``size // 2``, and the word vector is ``[last forward state; last backward state]``
 (``size`` wide, like a table row). The rest is the BiLSTM tagger of ``examples.bilstm_tagger``.
 
-Two forms over the same parameters: ``loss_primitive`` and ``loss_cells`` (one cell per word or
-character LSTM step, one per token's MLP + loss).
+Three forms over the same parameters: ``loss_primitive``, ``loss_cells`` (one cell per word or
+character LSTM step, one per token's MLP + loss) and ``loss_sequences`` (one bidirectional
+``ops.lstm`` per spelled word and one per sentence; the MLP and loss over the sentence's rows).
 
     python -m autobatch.examples.char_tagger [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
@@ -22,8 +23,9 @@ from typing import Any
 
 from autobatch import ops
 from autobatch.datasets import wikiner_sentences
-from autobatch.examples.bilstm_tagger import Sentence, add_tagger_params, tag_losses
-from autobatch.examples.common import Params, Vocabulary, add_lstm, argument_parser, lstm, measure_losses, run_all
+from autobatch.examples.bilstm_tagger import Sentence, add_tagger_params, sequence_tag_losses, tag_losses
+from autobatch.examples.common import (Params, Vocabulary, add_bilstm, argument_parser, bilstm_rows, lstm, measure_losses,
+                                      run_all)
 
 RARE = 5  # a word seen at most this many times is spelled with characters
 CHAR_EMBEDDING = 64
@@ -53,8 +55,7 @@ def make_params(words: Vocabulary, chars: Vocabulary, tags: Vocabulary, size: in
     p = Params(seed, words=words, chars=chars, tags=tags, size=size)
     add_tagger_params(p, len(words), len(tags), size)
     p.add("C", len(chars), CHAR_EMBEDDING, scale=1.0)
-    add_lstm(p, "cf", CHAR_EMBEDDING, size // 2)
-    add_lstm(p, "cb", CHAR_EMBEDDING, size // 2)
+    add_bilstm(p, "c", CHAR_EMBEDDING, size // 2)
     return p
 
 
@@ -66,6 +67,20 @@ def word_vector(word: str, p: Params, cells: bool) -> Any:
     forward = lstm(embedded, p, "cf", cells)[-1]
     backward = lstm(embedded[::-1], p, "cb", cells)[-1]
     return ops.concat([forward, backward])
+
+
+def loss_sequences(sentence: Sentence, params: Params) -> Any:
+    """Summed token NLL of one sentence; a spelled word's character BiLSTM is one op, and so is
+    the sentence's BiLSTM."""
+    words, chars, tags = params.config["words"], params.config["chars"], params.config["tags"]
+    vectors = []
+    for word, _ in sentence:
+        if is_spelled(word, words):
+            spelled = ops.lookup(params["C"], [chars[ch] for ch in [PAD, *word, PAD]])
+            vectors.append(bilstm_rows(spelled, params, "c")[1])  # [last forward; last backward]
+        else:
+            vectors.append(ops.lookup(params["E"], words[word]))
+    return sequence_tag_losses(ops.stack(vectors), [tags[t] for _, t in sentence], params)
 
 
 def _loss(sentence: Sentence, p: Params, cells: bool) -> Any:
@@ -84,7 +99,7 @@ def loss_cells(sentence: Sentence, params: Params) -> Any:
     return _loss(sentence, params, cells=True)
 
 
-LOSSES = {"primitive": loss_primitive, "cells": loss_cells}
+LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "sequences": loss_sequences}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ from autobatch.frontends.cells import Cell
 
 UNK = "<unk>"
 BACKENDS = ("numpy", "onnxruntime")
-FORMS = ("primitive", "cells")
+FORMS = ("primitive", "cells", "sequences")
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -58,6 +58,26 @@ def add_lstm(params: Params, prefix: str, inputs: int, hidden: int) -> None:
     params.add(f"{prefix}_W", inputs, 4 * hidden)
     params.add(f"{prefix}_U", hidden, 4 * hidden)
     params.add(f"{prefix}_b", 4 * hidden, scale=0.1)
+
+
+def add_bilstm(params: Params, prefix: str, inputs: int, hidden: int) -> None:
+    """Layers ``{prefix}f`` and ``{prefix}b`` (``add_lstm``), and the same weights in the layout
+    of ONNX's bidirectional LSTM (``ops.lstm``), copied here: ``{prefix}_onnx_W``, ``_R``, ``_B``."""
+    add_lstm(params, prefix + "f", inputs, hidden)
+    add_lstm(params, prefix + "b", inputs, hidden)
+    i, f, o, g = (slice(k * hidden, (k + 1) * hidden) for k in range(4))
+    onnx_order = np.r_[i, o, f, g]  # ONNX's gates: i, o, f, c
+
+    def both(make: Callable[[str], np.ndarray]) -> np.ndarray:
+        return np.ascontiguousarray(np.stack([make(prefix + way) for way in "fb"]))
+
+    onnx_layout = {
+        "W": both(lambda layer: params[f"{layer}_W"].array[:, onnx_order].T),
+        "R": both(lambda layer: params[f"{layer}_U"].array[:, onnx_order].T),
+        "B": both(lambda layer: np.concatenate([params[f"{layer}_b"].array[onnx_order], np.zeros(4 * hidden, np.float32)])),
+    }
+    for name, value in onnx_layout.items():
+        params[f"{prefix}_onnx_{name}"] = Parameter(value, name=f"{prefix}_onnx_{name}")
 
 
 @dataclass
@@ -114,6 +134,13 @@ def lstm(xs: Sequence[Any], params: Params, prefix: str, cells: bool) -> list[An
             h, c = step(x, h, c)
         outputs.append(h)
     return outputs
+
+
+def bilstm_rows(x: Any, params: Params, prefix: str) -> tuple[Any, Any]:
+    """Layers ``{prefix}f`` and ``{prefix}b`` over the rows of ``x [n, d]`` as one bidirectional
+    ``ops.lstm``: ``[forward; backward]`` states ``[n, 2h]``, and the last of each ``[2h]``
+    (the backward layer's at position 0)."""
+    return ops.lstm(x, *(params[f"{prefix}_onnx_{name}"] for name in "WRB"), direction="bidirectional")
 
 
 def bilstm(xs: Sequence[Any], params: Params, prefix: str, cells: bool) -> list[tuple[Any, Any]]:

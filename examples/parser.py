@@ -29,7 +29,7 @@ from typing import Any
 from autobatch import Batch, cell, ops, run_programs
 from autobatch.datasets import wikiner_sentences
 from autobatch.frontends.tracing import current_batch
-from autobatch.examples.common import Measurement, Params, Vocabulary, add_lstm, argument_parser, bilstm, run_all
+from autobatch.examples.common import Measurement, Params, Vocabulary, add_bilstm, argument_parser, bilstm, bilstm_rows, run_all
 
 SHIFT, LEFT_ARC, RIGHT_ARC = 0, 1, 2
 TRANSITIONS = ("SHIFT", "LEFT-ARC", "RIGHT-ARC")
@@ -59,8 +59,7 @@ def make_params(words: Vocabulary, size: int = 256, seed: int = 0) -> Params:
     """Embedding = LSTM hidden = MLP hidden = ``size``; fixed seed."""
     p = Params(seed, words=words, size=size)
     p.add("E", len(words), size, scale=1.0)
-    add_lstm(p, "wf", size, size)
-    add_lstm(p, "wb", size, size)
+    add_bilstm(p, "w", size, size)
     p.add("PAD", 2 * size, scale=1.0)
     p.add("W1", 8 * size, size)
     p.add("b1", size, scale=0.1)
@@ -86,11 +85,19 @@ def mlp(s2: Any, s1: Any, s0: Any, b0: Any, p: Params) -> Any:
     return ops.affine(hidden, p["W2"], p["b2"])
 
 
-async def _parse(sentence: Sentence, p: Params, cells: bool) -> Parse:
+def features(sentence: Sentence, p: Params, form: str) -> list[Any]:
+    """``v(i)`` for ROOT and every word: ``[forward_i; backward_i]``."""
     words: Vocabulary = p.config["words"]
+    if form == "sequences":  # the BiLSTM one op over the sentence's rows, read back row by row
+        states, _ = bilstm_rows(ops.lookup(p["E"], [words[w] for w in [ROOT, *sentence]]), p, "w")
+        return [ops.index(states, i) for i in range(len(sentence) + 1)]
     embedded = [ops.lookup(p["E"], words[w]) for w in [ROOT, *sentence]]
-    vectors = [ops.concat([f, b]) for f, b in bilstm(embedded, p, "w", cells)]
-    if cells:
+    return [ops.concat([f, b]) for f, b in bilstm(embedded, p, "w", form == "cells")]
+
+
+async def _parse(sentence: Sentence, p: Params, form: str) -> Parse:
+    vectors = features(sentence, p, form)
+    if form != "primitive":
         def mlp_cell(s2: Any, s1: Any, s0: Any, b0: Any) -> Any:
             return mlp(s2, s1, s0, b0, p)
 
@@ -128,15 +135,20 @@ async def _parse(sentence: Sentence, p: Params, cells: bool) -> Parse:
 
 async def parse_primitive(sentence: Sentence, params: Params) -> Parse:
     """Parse one sentence (a list of words), every op one IR node."""
-    return await _parse(sentence, params, cells=False)
+    return await _parse(sentence, params, "primitive")
 
 
 async def parse_cells(sentence: Sentence, params: Params) -> Parse:
     """Parse one sentence; LSTM steps and the scoring MLP are cells."""
-    return await _parse(sentence, params, cells=True)
+    return await _parse(sentence, params, "cells")
 
 
-PARSERS = {"primitive": parse_primitive, "cells": parse_cells}
+async def parse_sequences(sentence: Sentence, params: Params) -> Parse:
+    """Parse one sentence; the BiLSTM is one op, the scoring MLP a cell."""
+    return await _parse(sentence, params, "sequences")
+
+
+PARSERS = {"primitive": parse_primitive, "cells": parse_cells, "sequences": parse_sequences}
 
 
 def parse_all(sentences: Sequence[Sentence], params: Params, form: str = "cells", backend: str = "numpy") -> list[Any]:

@@ -6,6 +6,7 @@ Row-vector convention: ``affine(x, W, b) = x @ W + b``.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -183,6 +184,17 @@ def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
     return inputs[0].batch.record("Concat", inputs, [tuple(shape)], [inputs[0].dtype], attributes(axis=axis))[0]
 
 
+def stack(xs: Sequence[Operand]) -> Tensor:
+    """Values of one shape stacked along a new first axis: ``[len(xs), *shape]``."""
+    inputs = _tensors("Concat", *xs)
+    if len({t.shape for t in inputs}) > 1:
+        raise TraceError(f"stack: shapes {[t.shape for t in inputs]} differ")
+    batch = inputs[0].batch
+    axis_0 = batch.shared_constant([0])
+    rows = [batch.record("Unsqueeze", [t, axis_0], [(1, *t.shape)], [t.dtype])[0] for t in inputs]
+    return concat(rows, axis=0)
+
+
 def split(x: Operand, parts: int, axis: int = 0) -> list[Tensor]:
     (t,) = _tensors("Split", x)
     axis = axis + t.ndim if axis < 0 else axis
@@ -266,8 +278,56 @@ def _python_index(i: Any) -> int:
 
 
 def lookup(table: Parameter | Tensor, i: Any) -> Tensor:
-    """Row ``i`` of an embedding table."""
+    """Row ``i`` of an embedding table; rows ``[n, d]`` for a sequence of ``n`` ints."""
+    if isinstance(i, (list, tuple, np.ndarray)):
+        indices = np.asarray(i)
+        rows = table.shape[0]
+        if indices.ndim != 1 or indices.dtype.kind not in "iu" and indices.size:
+            raise TraceError(f"Gather: rows are looked up by a sequence of ints, not {indices.dtype} of shape "
+                             f"{indices.shape}")
+        if indices.size and not (-rows <= indices.min() and indices.max() < rows):
+            raise TraceError(f"Gather: indices {indices.min()}..{indices.max()} are out of range for shape {table.shape}")
+        return pick(table, current_batch().indices(indices))
     return pick(table, i)
+
+
+# ----------------------------------------------------------------------------- recurrent layers
+DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+_FROM_AXIS_1 = attributes(axis=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _lstm_attributes(hidden: int, direction: str) -> dict:
+    return attributes(hidden_size=hidden, direction=direction)  # one object: records of a layer share keys
+
+
+def lstm(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction: str = "forward",
+         ) -> tuple[Tensor, Tensor]:
+    """ONNX's LSTM over ONE sequence ``x [n, d]``, in ONNX's layout: ``W [dirs, 4h, d]``,
+    ``R [dirs, 4h, h]``, ``B [dirs, 8h]`` (input and recurrent biases), gates in the order i, o,
+    f, c; zero initial states. Returns the hidden states ``[n, h]`` (``[n, 2h]`` when
+    bidirectional: forward, backward, as PyTorch's) and the last ones ``[h]`` (``[2h]``; a
+    reverse layer's is at position 0). Calls over sequences of different lengths batch as
+    packed sequences (``batcher.sequences``)."""
+    if direction not in DIRECTIONS:
+        raise TraceError(f"LSTM: direction must be one of {sorted(DIRECTIONS)}, not {direction!r}")
+    t, w, r, *b = _tensors("LSTM", x, W, R, *([] if B is None else [B]))
+    dirs = DIRECTIONS[direction]
+    if t.ndim != 2 or not t.shape[0] or w.ndim != 3 or r.ndim != 3:
+        raise TraceError(f"LSTM: x must be [n, d] (n > 0), W [dirs, 4h, d] and R [dirs, 4h, h]; got {t.shape}, "
+                         f"{w.shape} and {r.shape}")
+    hidden = r.shape[2]
+    expected = [(dirs, 4 * hidden, t.shape[1]), (dirs, 4 * hidden, hidden)] + [(dirs, 8 * hidden)] * len(b)
+    if [w.shape, r.shape, *(v.shape for v in b)] != expected:
+        raise TraceError(f"LSTM ({direction}) over x {t.shape}: W, R and B must be {expected}, got "
+                         f"{[w.shape, r.shape, *(v.shape for v in b)]}")
+    batch, n = t.batch, t.shape[0]
+    sequence = batch.record("Unsqueeze", [t, batch.shared_constant([1])], [(n, 1, t.shape[1])], [t.dtype])[0]
+    y, last = batch.record("LSTM", [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2,
+                           _lstm_attributes(hidden, direction))
+    y = batch.record("Flatten", [y], [(n, dirs * hidden)], [t.dtype], _FROM_AXIS_1)[0]
+    last = batch.record("Reshape", [last, batch.shared_constant([dirs * hidden])], [(dirs * hidden,)], [t.dtype])[0]
+    return y, last
 
 
 # ----------------------------------------------------------------------------- normalisation and losses

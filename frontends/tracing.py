@@ -307,6 +307,16 @@ class Batch:
                 self._scalars[key] = tensor
         return tensor
 
+    def indices(self, values: np.ndarray) -> Tensor:
+        """An int64 literal of one instance ``[n]`` (rows to look up); equal ones share a tensor,
+        so that equal lookups are traced once (``reuse_calls``)."""
+        array = values.astype(np.int64)
+        key = ("indices", array.tobytes())
+        tensor = self._scalars.get(key)
+        if tensor is None:
+            tensor = self._scalars[key] = self.constant(array)
+        return tensor
+
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Tensor:
         """Zeros of one instance (an initial state), one tensor for equal requests."""
         key = ("zeros", shape, dtype.str)

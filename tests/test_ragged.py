@@ -74,12 +74,19 @@ CASES = {
                                 "float[4, 2] m = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}, float[2] c = {1.0, -1.0}", True),
     "concat along axis 1": ("t = Tanh(x)\n y = Concat<axis=1>(x, t)", "float[N, 8] y", "", True),
     "clip by shared bounds": ("y = Clip(x, lo, hi)", "float[N, 4] y", "float lo = {-0.5}, float hi = {0.5}", True),
+    "unsqueeze and squeeze after axis 0": ("t = Unsqueeze(x, one)\n y = Squeeze(t, one)", "float[N, 4] y",
+                                           "int64[1] one = {1}", True),
+    "flatten from axis 1": ("t = Unsqueeze(x, one)\n y = Flatten<axis=1>(t)", "float[N, 4] y", "int64[1] one = {1}",
+                            True),
     # rows meet rows of the same instance: each length keeps its own launch
     "a product of two per-instance operands": ("t = Transpose<perm=[1, 0]>(x)\n y = MatMul(x, t)", "float[N, N] y",
                                                "", False),
     "softmax over axis 0": ("y = Softmax<axis=0>(x)", "float[N, 4] y", "", False),
     "concat along axis 0": ("y = Concat<axis=0>(x, x)", "float[M, 4] y", "", False),
     "a max over axis 0": ("y = ReduceMax<keepdims=0>(x, axis)", "float[4] y", "int64[1] axis = {0}", False),
+    "unsqueeze at axis 0": ("y = Unsqueeze(x, zero)", "float[1, N, 4] y", "int64[1] zero = {0}", False),
+    "flatten from axis 2": ("t = Unsqueeze(x, one)\n y = Flatten<axis=2>(t)", "float[N, 4] y", "int64[1] one = {1}",
+                            False),
 }
 
 

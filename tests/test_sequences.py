@@ -1,0 +1,181 @@
+"""Recurrent layers over sequences of different lengths (``batcher/sequences.py``): one launch
+a layer, chunks of padded sequences, and every instance's result equal to its own run."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import autobatch
+from autobatch import Batch, Parameter, TraceError, ops
+from autobatch.backends.flat_executor import OrtTemplate
+from autobatch.batcher import flat
+from autobatch.batcher.sequences import CHUNK, chunks
+
+# More members than a chunk holds, lengths in no order, some repeated.
+LENGTHS = [3, 1, 5, 3, 2, 9, 4, 12, 1, 7, 5, 6, 2, 11, 8, 3, 10, 4, 6]
+D, H = 3, 4
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+@pytest.fixture(params=["numpy", "onnxruntime"])
+def backend(request):
+    return request.param
+
+
+def layer_model(op: str, direction: str, outputs: int, rng: np.random.Generator) -> onnx.ModelProto:
+    """One layer over ``x [T, 1, D]`` of any length T, with its weights as initializers."""
+    dirs = 2 if direction == "bidirectional" else 1
+    gates = GATES[op]
+    names = ["Y", "Y_h", "Y_c"][:outputs]
+    shapes = {"Y": f"[T, {dirs}, 1, {H}]", "Y_h": f"[{dirs}, 1, {H}]", "Y_c": f"[{dirs}, 1, {H}]"}
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 18]>
+    g (float[T, 1, {D}] x) => ({", ".join(f"float{shapes[n]} {n}" for n in names)}) {{
+        {", ".join(names)} = {op}<hidden_size={H}, direction="{direction}">(x, W, R, B)
+    }}""")
+    for name, shape in (("W", (dirs, gates * H, D)), ("R", (dirs, gates * H, H)), ("B", (dirs, 2 * gates * H))):
+        value = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+    return model
+
+
+def sequences(lengths: list[int], rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    return [{"x": rng.standard_normal((n, 1, D)).astype(np.float32)} for n in lengths]
+
+
+@pytest.mark.parametrize("op,outputs", [("LSTM", 3), ("LSTM", 1), ("GRU", 2), ("RNN", 2)])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_one_launch_a_layer_whatever_the_lengths(backend, op, outputs, direction):
+    rng = np.random.default_rng(len(op) + outputs)
+    session = autobatch.InferenceSession(layer_model(op, direction, outputs, rng), backend=backend)
+    instances = sequences(LENGTHS, rng)
+    batched = session.run_batch(None, instances)
+    assert session.general_path_reason is None, session.general_path_reason
+    assert session.stats.report.launches == 1 == session.stats.report.lower_bound
+    for instance, got in zip(instances, batched, strict=True):
+        for alone, value in zip(session.run(None, instance), got, strict=True):
+            assert value.shape == alone.shape
+            np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_layers_read_by_onnx_reference_agree():
+    """The oracle is onnx.reference, run on the model one instance at a time."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(1)
+    model = layer_model("LSTM", "bidirectional", 3, rng)
+    instances = sequences(LENGTHS, rng)
+    session = autobatch.InferenceSession(model, backend="onnxruntime")
+    oracle = ReferenceEvaluator(model)
+    for instance, got in zip(instances, session.run_batch(None, instances), strict=True):
+        for want, value in zip(oracle.run(None, instance), got, strict=True):
+            np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_cover_every_row_once_longest_first():
+    parts = chunks(LENGTHS)
+    assert [len(p.members) for p in parts] == [CHUNK, CHUNK, len(LENGTHS) - 2 * CHUNK]
+    lengths = [int(n) for p in parts for n in p.lengths]
+    assert lengths == sorted(LENGTHS, reverse=True)
+    real = np.concatenate([p.source[p.real] for p in parts])
+    assert sorted(real.tolist()) == list(range(sum(LENGTHS)))  # every row read once
+    for p in parts:  # padding reads the row past the last; a chunk is as long as its first member
+        assert np.all(np.delete(p.source, p.real) == sum(LENGTHS))
+        assert len(p.source) == p.lengths[0] * len(p.members)
+
+
+# ----------------------------------------------------------------------------- traced: ops.lstm
+def numpy_lstm(x: np.ndarray, W: np.ndarray, R: np.ndarray, B: np.ndarray, reverse: bool) -> np.ndarray:
+    """ONNX's LSTM for one direction, written out: gates i, o, f, c."""
+    h = np.zeros(R.shape[1], dtype=np.float64)
+    c = np.zeros_like(h)
+    states = np.zeros((len(x), R.shape[1]))
+    hidden = R.shape[1]
+    for t in reversed(range(len(x))) if reverse else range(len(x)):
+        gates = W @ x[t] + R @ h + B[:4 * hidden] + B[4 * hidden:]
+        i, o, f, g = np.split(gates, 4)
+        c = 1 / (1 + np.exp(-f)) * c + 1 / (1 + np.exp(-i)) * np.tanh(g)
+        h = 1 / (1 + np.exp(-o)) * np.tanh(c)
+        states[t] = h
+    return states
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_traced_lstm_equals_the_layer_written_out(backend, direction):
+    rng = np.random.default_rng(2)
+    dirs = 2 if direction == "bidirectional" else 1
+    W, R, B = (Parameter((rng.standard_normal(shape) * 0.5).astype(np.float32))
+               for shape in ((dirs, 4 * H, D), (dirs, 4 * H, H), (dirs, 8 * H)))
+    table = Parameter(rng.standard_normal((20, D)).astype(np.float32))
+    words = [rng.integers(0, 20, n).tolist() for n in LENGTHS]
+    with Batch(backend=backend) as batch:
+        results = [ops.lstm(ops.lookup(table, w), W, R, B, direction=direction) for w in words]
+        batch.run([t for pair in results for t in pair])
+    assert batch.general_path_reason is None
+    assert batch.reports[-1].launches == 5  # Gather, Unsqueeze, LSTM, Flatten, Reshape
+    for w, (states, last) in zip(words, results, strict=True):
+        x = table.array[w].astype(np.float64)
+        ways = [numpy_lstm(x, W.array[d], R.array[d], B.array[d], direction == "reverse" or d == 1)
+                for d in range(dirs)]
+        np.testing.assert_allclose(states.value, np.concatenate(ways, axis=1), rtol=1e-4, atol=1e-5)
+        finals = [way[0] if direction == "reverse" or d == 1 else way[-1] for d, way in enumerate(ways)]
+        np.testing.assert_allclose(last.value, np.concatenate(finals), rtol=1e-4, atol=1e-5)
+
+
+def test_traced_lstm_refuses_wrong_shapes_by_name():
+    W, R = Parameter(np.zeros((1, 16, 3), np.float32)), Parameter(np.zeros((1, 16, 4), np.float32))
+    with Batch():
+        x = ops.lookup(Parameter(np.zeros((5, 3), np.float32)), [0, 1])
+        ops.lstm(x, W, R, Parameter(np.zeros((1, 32), np.float32)))  # B is [dirs, 8h]
+        with pytest.raises(TraceError, match=r"LSTM \(forward\) over x \(2, 3\).*\(1, 32\).*\(1, 16\)"):
+            ops.lstm(x, W, R, Parameter(np.zeros((1, 16), np.float32)))
+        with pytest.raises(TraceError, match="x must be"):
+            ops.lstm(ops.lookup(Parameter(np.zeros((5, 3), np.float32)), 0), W, R)
+        with pytest.raises(TraceError, match="direction must be"):
+            ops.lstm(x, W, R, direction="backward")
+
+
+def test_lookup_of_many_rows_refuses_bad_indices():
+    table = Parameter(np.zeros((5, 3), np.float32))
+    with Batch():
+        assert ops.lookup(table, [4, 0, -5]).shape == (3, 3)
+        with pytest.raises(TraceError, match=r"out of range for shape \(5, 3\)"):
+            ops.lookup(table, [1, 5])
+        with pytest.raises(TraceError, match="sequence of ints"):
+            ops.lookup(table, [[1, 2]])
+        with pytest.raises(TraceError, match="sequence of ints"):
+            ops.lookup(table, [0.5])
+
+
+# ----------------------------------------------------------------------------- weights baked in
+def test_lstm_weights_are_baked_and_never_read_stale():
+    """onnxruntime packs an LSTM's W and R when they are constants: they are baked in from the
+    second run on (a step of three chunks launches them three times), and one changed in place
+    after a run is read anew (``backends.baked_weights``)."""
+    rng = np.random.default_rng(3)
+    width = 64  # R is 64 KiB: big enough to bake
+    W = Parameter((rng.standard_normal((1, 4 * width, width)) * 0.1).astype(np.float32))
+    R = Parameter((rng.standard_normal((1, 4 * width, width)) * 0.1).astype(np.float32))
+    inputs = [rng.standard_normal((n, width)).astype(np.float32) for n in LENGTHS]
+    templates: list[OrtTemplate] = []
+
+    def run() -> list[np.ndarray]:
+        with Batch(backend="onnxruntime") as batch:
+            states = [ops.lstm(batch.constant(x), W, R)[0] for x in inputs]
+            values = batch.run(states)
+        templates[:] = [r for t in flat._templates.values() if isinstance(t, flat.Template) and t.sequences
+                        for r in t.runners.values() if isinstance(r, OrtTemplate)]
+        return values
+
+    first = run()  # meets the weights: their snapshots are taken
+    for again, before in zip(run(), first, strict=True):  # baked in
+        np.testing.assert_array_equal(again, before)
+    assert any(t.baked_sessions for t in templates)
+    R.array *= 0.5  # in place
+    second = run()
+    for x, before, after in zip(inputs, first, second, strict=True):
+        zeros = np.zeros(8 * width)
+        np.testing.assert_allclose(before, numpy_lstm(x, W.array[0], R.array[0] * 2, zeros, False), rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(after, numpy_lstm(x, W.array[0], R.array[0], zeros, False), rtol=1e-4, atol=1e-5)
