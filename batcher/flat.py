@@ -158,6 +158,7 @@ _templates: dict[tuple, Template | None | str] = {}
 # a new function given a dead one's id would otherwise find its entries.
 _keyed_functions: dict[int, Any] = {}
 _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
+_MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged classes are merged
 
 
 def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producers: Sequence[int],
@@ -213,6 +214,7 @@ class _Planner:
         self.templates: list[Template | Segment | str | None] = []  # per class; None for sums of terms
         self.first_records: list[TraceRecord] = []  # per class: its first record
         self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
+        self._attributes_keys: dict[int, tuple] = {}
         # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
         # across plans (``InferenceSession``: records kept per input signature), else per plan.
         self.known: dict[Hashable, tuple] = known if known is not None else {}
@@ -248,39 +250,52 @@ class _Planner:
             self.ragged.append(ragged)
         return cls
 
+    def _attributes_key(self, attributes: dict[str, AttributeProto]) -> tuple:
+        """``attributes_key``, once per attributes object of the plan (records share them, and
+        they live as long as the plan's records)."""
+        key = self._attributes_keys.get(id(attributes))
+        if key is None:
+            key = self._attributes_keys[id(attributes)] = attributes_key(attributes)
+        return key
+
     def _kind(self, record: TraceRecord) -> tuple[tuple, Template | str | None, tuple | None]:
         """A record's signature, its class's template, and its signature without the length of
-        its rows where the op is row-wise (``batcher.ragged``)."""
+        its rows where the op is row-wise (``batcher.ragged``). The template of a row-wise
+        record is ``_MERGED_OR_NOT`` until its class is known to be merged or not."""
         signature = self._sum_key(record)
+        attributes = self._attributes_key(record.attributes)
         if signature is None:
             for name, vtype in zip(record.outputs, record.types):  # static: stacked in arenas
                 if name and (not vtype.is_tensor or not vtype.is_static):
                     raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
-            signature = (record.domain, record.op_type, attributes_key(record.attributes), record.entries,
-                         tuple(map(bool, record.outputs)))
+            signature = (record.domain, record.op_type, attributes, record.entries, tuple(map(bool, record.outputs)))
         if signature[2] == SUM_OF_TERMS:
             # No template, and no ragged signature: the class takes any number of terms, so one
             # member's (its terms counted) would not hold for the others.
             return signature, None, None
+        ragged = ragged_signature(record, self.weights, self.opsets.get("", 1), attributes)
+        return signature, _MERGED_OR_NOT if ragged is not None else self._own_template(record), ragged
+
+    def _own_template(self, record: TraceRecord) -> Template | str | None:
+        """The template of a record's own class: its rule's, else the op for one member at a time."""
         if is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
-            template = self._template(record, None, solo=True)
-        else:
-            template = self._template(record, None) or self._template(record, None, solo=True)
-        return signature, template, ragged_signature(record, self.weights, self.opsets.get("", 1))
+            return self._template(record, None, solo=True)
+        return self._template(record, None) or self._template(record, None, solo=True)
 
     def _merge_ragged(self) -> np.ndarray:
         """Classes that differ only in the length of their rows, of a row-wise op, become one
-        ragged class (``batcher.ragged``); the new class of every class."""
+        ragged class (``batcher.ragged``); the new class of every class. Those left as they are
+        get their own templates."""
         alike: dict[tuple, list[int]] = {}
         for cls, signature in enumerate(self.ragged):
             if signature is not None:
                 alike.setdefault(signature, []).append(cls)
         merged = list(range(len(self.classes)))
         for signature, classes in alike.items():
-            if len(classes) < 2:
-                continue  # one length: the class batches as it is
-            template = self._ragged_template(self.first_records[classes[0]])
-            if template is None:
+            template = self._ragged_template(self.first_records[classes[0]]) if len(classes) > 1 else None
+            if template is None:  # one length, or no ragged template: each class batches as it is
+                for cls in classes:
+                    self.templates[cls] = self._own_template(self.first_records[cls])
                 continue
             for cls in classes:
                 merged[cls] = len(self.classes)
@@ -300,7 +315,7 @@ class _Planner:
             return self._sequences_template(record, specs, baked)
         rows = tuple(("x", spec[1], ("R", *spec[2][1:])) if spec is not None and spec[0] == "x" else spec
                      for spec in specs)
-        key = ("ragged", record.op_type, self.opsets.get("", 1), attributes_key(record.attributes), rows,
+        key = ("ragged", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes), rows,
                tuple(map(bool, record.outputs)))
         if key not in _templates:
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, list(record.inputs),
@@ -317,7 +332,7 @@ class _Planner:
         padded = list(specs) + [None] * max(0, SEQUENCE_LENS + 1 - len(specs))
         padded[0] = ("x", elem_type, ("T", "B", width))
         padded[SEQUENCE_LENS] = ("x", TensorProto.INT32, ("B",))
-        key = ("sequences", record.op_type, self.opsets.get("", 1), attributes_key(record.attributes),
+        key = ("sequences", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes),
                tuple(padded), tuple(map(bool, record.outputs)))
         if key not in _templates:
             inputs = [*record.inputs] + [""] * (len(padded) - len(record.inputs))
@@ -373,7 +388,7 @@ class _Planner:
         if function is not None:
             _keyed_functions[id(function)] = function
         version = self.opsets.get(record.domain, 1)
-        base = (record.domain, record.op_type, version, attributes_key(record.attributes), id(function), specs,
+        base = (record.domain, record.op_type, version, self._attributes_key(record.attributes), id(function), specs,
                 tuple(map(bool, record.outputs)), solo)
         per_size = _templates.get(base) == _PER_SIZE
         if per_size and size is None:

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from autobatch.batcher.sequences import sequence_signature
-from autobatch.batcher.signature import attributes_key
 from autobatch.ir import ValueType, attribute_value
 
 ELEMENTWISE = frozenset({
@@ -35,12 +34,13 @@ ELEMENTWISE = frozenset({
 SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
 
 
-def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int) -> tuple | None:
+def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple) -> tuple | None:
     """The record's signature without the length of its rows, or None when the op is not
-    row-wise for these operands (see the module). ``record`` is a ``flat.TraceRecord``."""
+    row-wise for these operands (see the module). ``record`` is a ``flat.TraceRecord``,
+    ``attributes`` its ``attributes_key``."""
     if record.domain:
         return None
-    sequences = sequence_signature(record)
+    sequences = sequence_signature(record, attributes)
     if sequences is not None:
         return sequences
     data = [(i, entry) for i, entry in enumerate(record.entries) if isinstance(entry, ValueType)]
@@ -60,7 +60,7 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int)
             if name and (not vtype.shape or vtype.shape[0] != length):
                 return None
     entries = tuple(("rows", e.elem_type, e.shape[1:]) if isinstance(e, ValueType) else e for e in record.entries)
-    return ("ragged", record.op_type, attributes_key(record.attributes), entries, tuple(map(bool, record.outputs)))
+    return ("ragged", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 
 
 def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights: Mapping[str, np.ndarray]) -> bool:

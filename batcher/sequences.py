@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.batcher.signature import attributes_key
 from autobatch.ir import ValueType, attribute_value
 
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
@@ -33,9 +32,10 @@ SEQUENCE_LENS = 4  # the input index of ``sequence_lens``
 PEEPHOLE = 7  # LSTM's ``P``: shared like the weights; the inputs between are initial states
 
 
-def sequence_signature(record: Any) -> tuple | None:
+def sequence_signature(record: Any, attributes: tuple) -> tuple | None:
     """The signature of a recurrent record without the length of its sequence, or None when it
-    is not the plain case (see the module). ``record`` is a ``flat.TraceRecord``."""
+    is not the plain case (see the module). ``record`` is a ``flat.TraceRecord``,
+    ``attributes`` its ``attributes_key``."""
     if record.op_type not in RECURRENT or record.domain:
         return None
     x, *shared = record.entries
@@ -49,19 +49,22 @@ def sequence_signature(record: Any) -> tuple | None:
     if layout is not None and attribute_value(layout) != 0:
         return None
     entries = (("rows", x.elem_type, x.shape[1:]), *shared)
-    return ("sequences", record.op_type, attributes_key(record.attributes), entries, tuple(map(bool, record.outputs)))
+    return ("sequences", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """Sequences padded into one call: ``source`` ``[T * size]`` holds, time-major, the row of the
-    step's concatenated input each (time, sequence) reads (``rows``, one past the last, for
-    padding); ``real`` the positions in it that are not padding."""
+    """Sequences padded into one call. ``source`` ``[T * size]`` holds, time-major, the row of
+    the step's concatenated input each (time, sequence) reads (``rows``, one past the last, for
+    padding); the real (not padding) positions are at ``time``, ``column`` of the call's
+    output, and ``targets`` are their rows."""
 
     source: np.ndarray
-    real: np.ndarray
     lengths: np.ndarray  # int32, as ``sequence_lens``
     members: np.ndarray  # the step's members in this chunk, in its order
+    time: np.ndarray
+    column: np.ndarray
+    targets: np.ndarray
 
 
 def chunks(lengths: Sequence[int]) -> list[Chunk]:
@@ -74,10 +77,12 @@ def chunks(lengths: Sequence[int]) -> list[Chunk]:
     result = []
     for first in range(0, len(order), CHUNK):
         members = order[first:first + CHUNK]
-        time = np.arange(lengths[members[0]])[:, None]
-        inside = time < lengths[members][None, :]
-        source = np.where(inside, starts[members][None, :] + time, rows).ravel()
-        result.append(Chunk(source, np.flatnonzero(inside.ravel()), lengths[members].astype(np.int32), members))
+        steps = np.arange(lengths[members[0]])[:, None]
+        inside = steps < lengths[members][None, :]
+        source = np.where(inside, starts[members][None, :] + steps, rows)
+        time, column = np.nonzero(inside)
+        result.append(Chunk(source.ravel(), lengths[members].astype(np.int32), members, time, column,
+                            source[time, column]))
     return result
 
 
@@ -101,8 +106,7 @@ def run_chunks(run: Any, feeds: Mapping[str, Any], x: np.ndarray, parts: list[Ch
             if results[k] is None:
                 results[k] = np.empty((rows if index == 0 else members, dirs, 1, hidden), dtype=value.dtype)
             if index == 0:  # [T, dirs, size, h]: time-major, as the source rows
-                by_row = value.transpose(0, 2, 1, 3).reshape(-1, dirs, 1, hidden)
-                results[k][part.source[part.real]] = by_row[part.real]
+                results[k][part.targets, :, 0] = value[part.time, :, part.column]
             else:  # [dirs, size, h]
                 results[k][part.members] = value.transpose(1, 0, 2)[:, :, None, :]
     return results  # type: ignore[return-value]

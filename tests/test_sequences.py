@@ -78,11 +78,14 @@ def test_chunks_cover_every_row_once_longest_first():
     assert [len(p.members) for p in parts] == [CHUNK, CHUNK, len(LENGTHS) - 2 * CHUNK]
     lengths = [int(n) for p in parts for n in p.lengths]
     assert lengths == sorted(LENGTHS, reverse=True)
-    real = np.concatenate([p.source[p.real] for p in parts])
+    real = np.concatenate([p.targets for p in parts])
     assert sorted(real.tolist()) == list(range(sum(LENGTHS)))  # every row read once
-    for p in parts:  # padding reads the row past the last; a chunk is as long as its first member
-        assert np.all(np.delete(p.source, p.real) == sum(LENGTHS))
+    for p in parts:  # a chunk is as long as its first member; padding reads the row past the last
         assert len(p.source) == p.lengths[0] * len(p.members)
+        padded = np.ones(len(p.source), dtype=bool)
+        padded[p.time * len(p.members) + p.column] = False
+        assert np.all(p.source[padded] == sum(LENGTHS))
+        np.testing.assert_array_equal(p.source[~padded], p.targets)
 
 
 # ----------------------------------------------------------------------------- traced: ops.lstm
