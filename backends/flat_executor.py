@@ -21,7 +21,7 @@ from onnx import ModelProto, helper, numpy_helper
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
-from autobatch.batcher.flat import LITERALS, FlatPlan, Rows, Step, Template
+from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 
@@ -33,8 +33,9 @@ BAKED_SESSIONS_KEPT = 8  # a template's sessions with weights baked in (say, one
 
 class OrtTemplate:
     """A template graph as onnxruntime sessions, its batch size left symbolic: one that feeds
-    every weight, and ones that bake in the stable weights read as a MatMul's or Gemm's right
-    operand (``bakeable``), which onnxruntime then packs once (``backends.baked_weights``)."""
+    every weight, and ones that bake in the stable weights that onnxruntime packs when they are
+    constants (``bakeable``: ``PACKED_INPUTS``), so that it packs them once
+    (``backends.baked_weights``)."""
 
     def __init__(self, graph: Graph, cache: SessionCache) -> None:
         self.graph = graph
@@ -108,8 +109,9 @@ class FlatExecutor:
         overhead) and arena writes."""
         clock = time.perf_counter
         start = clock()
-        arenas = [np.empty((rows, *shape), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
-                  for (elem_type, shape), rows in zip(plan.kinds, plan.rows)]
+        blocks = plan.blocks
+        arenas = [None if k in blocks else np.empty((rows, *shape), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
+                  for k, ((elem_type, shape), rows) in enumerate(zip(plan.kinds, plan.rows))]
         for arena, first, names in plan.literal_runs:
             np.stack([literals[name] for name in names], out=arenas[arena][first:first + len(names)])
         baked_by_step = self._baked_by_step(plan, weights) if self.snapshots is not None else None
@@ -118,13 +120,16 @@ class FlatExecutor:
         for k, step in enumerate(plan.steps):
             begin = clock()
             if step.groups:  # ragged: every member's rows, one after the other
-                stacked = [_concatenated(arenas, literals, parts) for parts in step.reads]
+                stacked = [_concatenated(arenas, literals, parts) if isinstance(parts, list)
+                           else _read(arenas, literals, *parts) for parts in step.reads]
             else:
                 stacked = [_read(arenas, literals, a, rows) for a, rows in step.reads]
             template = step.template
             gathered = clock()
             if template is None:  # a sum of terms or a segment reduction: each member's run of rows
                 outputs = [_reduced(stacked[0], step)]
+            elif template.row_shape is not None:
+                outputs = [stacked[0].reshape(len(stacked[0]), *template.row_shape)]
             else:
                 feeds = {f"w{i}": weights[name] for i, name in zip(template.fed, step.weights)}
                 runner = self.runner(template)
@@ -137,8 +142,8 @@ class FlatExecutor:
                     outputs = run(feeds)
             ran = clock()
             for write, value in zip(step.writes, outputs):
-                if isinstance(write, list):  # a run of rows a member, group by group
-                    _split(arenas, write, step.groups, value)
+                if type(write) is Block:
+                    arenas[write.arena] = value
                 elif template is not None and template.once:
                     arenas[write[0]][write[1]] = value
                 else:
@@ -178,7 +183,13 @@ class FlatExecutor:
 
 def _read(arenas: list[np.ndarray], literals: Mapping[str, Any], arena: int, rows: Rows) -> np.ndarray:
     """A slice is a view; an index array one gather; an int one member's row (0-d views too);
+    ``Runs`` rows of a block, a value a run; ``Pieces`` values kept in several ways, one by one;
     a list of literals' names (arena ``LITERALS``) their values stacked."""
+    if type(rows) is Runs:
+        block = _read(arenas, literals, arena, rows.rows)
+        return block.reshape(-1, rows.length, *block.shape[1:])
+    if type(rows) is Pieces:
+        return np.stack([arenas[a][r, ...] for a, r in rows])
     if arena == LITERALS:
         return np.array([literals[name] for name in rows])  # one dtype and shape: 2x faster than np.stack
     return arenas[arena].take(rows, axis=0) if isinstance(rows, np.ndarray) else arenas[arena][rows, ...]
@@ -189,15 +200,6 @@ def _concatenated(arenas: list[np.ndarray], literals: Mapping[str, Any], parts: 
     blocks = [_read(arenas, literals, a, rows) for a, rows in parts]
     rows = [block.reshape(-1, *block.shape[2:]) for block in blocks]
     return rows[0] if len(rows) == 1 else np.concatenate(rows)
-
-
-def _split(arenas: list[np.ndarray], writes: list[tuple[int, int]], groups: list[tuple[int, int]],
-           value: np.ndarray) -> None:
-    """A ragged result back into its members' arenas, group by group."""
-    offset = 0
-    for (a, first), (length, count) in zip(writes, groups):
-        arenas[a][first:first + count] = value[offset:offset + count * length].reshape(count, length, *value.shape[1:])
-        offset += count * length
 
 
 # np.add.reduceat along axis 0 walks rows this wide (in elements) or wider column by column, and

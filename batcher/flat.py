@@ -37,7 +37,7 @@ from onnx import AttributeProto, TensorProto, helper
 from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
-from autobatch.batcher.ragged import SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
+from autobatch.batcher.ragged import ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
@@ -108,6 +108,9 @@ class Template:
     # A recurrent layer over chunks of padded sequences (``batcher.sequences``): the ONNX index
     # of each output the template gives.
     sequences: tuple[int, ...] | None = None
+    # A ragged op that only reshapes each row (``ROW_RESHAPES``): the row shape it makes, run as
+    # a NumPy reshape of the rows (a view), whatever the backend.
+    row_shape: tuple[int, ...] | None = None
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
@@ -120,23 +123,45 @@ class Segment:
     keepdims: bool
 
 
-Rows = slice | np.ndarray | int | list[str]  # a list: the names of literals (arena ``LITERALS``)
+@dataclass(frozen=True)
+class Runs:
+    """Rows of values kept in a block (``Block``), ``length`` rows each: read as
+    ``[values, length, ...]``."""
+
+    rows: slice | np.ndarray
+    length: int
+
+
+class Pieces(list):
+    """(arena, row or run of rows) per value, for values kept in several ways: read one by one."""
+
+
+Rows = slice | np.ndarray | int | list[str] | Runs | Pieces  # a list: the names of literals (arena ``LITERALS``)
 LITERALS = -1  # the "arena" of reads stacked straight from literal values
+
+
+@dataclass(frozen=True)
+class Block:
+    """A write of a ragged step's whole result as the arena itself: its members' rows one after
+    the other, no copy (the arena is not allocated; the step's result becomes it)."""
+
+    arena: int
 
 
 @dataclass
 class Step:
     """One launch. ``template`` None: a sum of terms or a ``segment`` reduction, ``offsets``
     where each member's rows start. A ragged step (``groups`` set: the members' lengths and how
-    many have each) reads and writes, per operand, one (arena, rows) for each group; a write that
-    is a plain (arena, first row) has one row a member. ``chunks``: the padded calls of a
-    recurrent layer's step (``batcher.sequences``)."""
+    many have each) reads per operand every member's rows one after the other: one (arena, rows),
+    or a list of them, one per group (``[members, length, ...]`` each); it writes a ``Block`` per
+    output, or a plain (arena, first row) for an output of one row a member. ``chunks``: the
+    padded calls of a recurrent layer's step (``batcher.sequences``)."""
 
     template: Template | None
     size: int
     reads: list[Any]  # per stacked operand: (arena, rows) (a solo step: one row), or a list of them per group
     weights: list[str]  # per fed operand: the shared value's name
-    writes: list[Any]  # per output: (arena, first row), or a list of them per group
+    writes: list[Any]  # per output: (arena, first row), or a Block
     offsets: np.ndarray | None = None
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
     segment: Segment | None = None
@@ -145,11 +170,12 @@ class Step:
 
 @dataclass
 class FlatPlan:
-    kinds: list[Kind]
+    kinds: list[Kind]  # of each arena
     rows: list[int]  # rows of each arena
+    blocks: set[int]  # arenas that are a ragged step's result (``Block``), not allocated
     literal_runs: list[tuple[int, int, list[str]]]  # (arena, first row, literals): values given at run time
     steps: list[Step]
-    locations: dict[str, tuple[int, int]]  # wanted value -> (arena, row)
+    locations: dict[str, tuple[int, int | slice]]  # wanted value -> (arena, row), or its rows in a block
     report: BatchReport
 
 
@@ -183,17 +209,18 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     schedule = depth_schedule(problem) if not problem.depth.any() else get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
     steps = [planner.step([records[i] for i in group], planner.record_class[group[0]]) for group in schedule]
-    locations = {name: _place(planner.location[name]) for name in wanted}
+    locations = {name: planner.where(name) for name in wanted}
     done = time.perf_counter()
-    reads = [rows for step in steps for read in step.reads for _, rows in (read if step.groups else [read])]
-    gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked
+    reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
+    reads = [rows.rows if isinstance(rows, Runs) else rows for rows in reads]
+    gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked, or pieces
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
     alone = int(np.count_nonzero(problem.sig == UNBATCHABLE))
     report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), alone, gathers,
                          views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled})
-    return FlatPlan(list(planner.kinds), planner.rows, planner.literal_runs, steps, locations, report)
+    return FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
 
 
 class _Planner:
@@ -203,8 +230,11 @@ class _Planner:
         self.literals = literals
         self.functions = functions
         self.opsets = opsets
-        self.kinds: dict[Kind, int] = {}
+        self.kinds: dict[Kind, int] = {}  # the arena of each kind, shared by the values of that kind
+        self.arena_kinds: list[Kind] = []
         self.rows: list[int] = []
+        self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
+        self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
         self.literal_runs: list[tuple[int, int, list[str]]] = []
         # per-instance value -> arena << ROW_BITS | row; a literal gets its row when first asked for
         self.location = _Locations(self._place_literal)
@@ -321,7 +351,8 @@ class _Planner:
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, list(record.inputs),
                         list(record.outputs), 0, "")
             solo = _build_solo(node, rows, baked, self.functions, self.opsets)
-            _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True)
+            row_shape = tuple(record.types[0].shape[1:]) if record.op_type in ROW_RESHAPES else None
+            _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True, row_shape=row_shape)
         template = _templates[key]
         return template if isinstance(template, Template) else None
 
@@ -375,6 +406,7 @@ class _Planner:
                 raise NotFlat(f"no arena for {helper.tensor_dtype_to_np_dtype(kind[0])} values "
                               "(float8, 4-bit and bfloat16 types take the general path)")
             index = self.kinds[kind] = len(self.rows)
+            self.arena_kinds.append(kind)
             self.rows.append(0)
         return index
 
@@ -455,30 +487,38 @@ class _Planner:
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
     def _ragged_step(self, members: list[TraceRecord], template: Template | Segment) -> Step:
-        """Members ordered by length: each group of one length reads its rows from one arena."""
+        """Members ordered by length (stable: the order of an earlier ragged step over the same
+        instances, whose blocks are then read as views)."""
         data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
         members = sorted(members, key=lambda member: member.entries[data].shape[0])
         lengths = [member.entries[data].shape[0] for member in members]
         groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
         bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
         inputs = list(zip(*[member.inputs for member in members]))
-        stacked = [data] if isinstance(template, Segment) or template.sequences else template.stacked
-        reads = [[self._rows(inputs[i][lo:hi]) for lo, hi in zip(bounds, bounds[1:])] for i in stacked]
+        sequences = isinstance(template, Template) and template.sequences
+        stacked = [data] if isinstance(template, Segment) or sequences else template.stacked
+        reads = [self._ragged_read(inputs[i], bounds) for i in stacked]
         outputs = list(zip(*[member.outputs for member in members]))
-        if isinstance(template, Template) and template.sequences:  # the layer's outputs: Y a run of rows a member, final states a row each
-            writes = [[self._write(members[lo], 0, names[lo:hi], False) for lo, hi in zip(bounds, bounds[1:])]
-                      if k == 0 else self._write(members[0], k, names, False) for k, names in enumerate(outputs)
-                      if names[0]]
-            return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
-                        groups=groups, chunks=chunks(lengths))
         if isinstance(template, Segment):  # one output, of one shape: K rows of one arena
             offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
             return Step(None, len(members), reads, [], [self._write(members[0], 0, outputs[0], False)], offsets,
                         groups, template)
-        writes = [[self._write(members[lo], k, names[lo:hi], False) for lo, hi in zip(bounds, bounds[1:])]
-                  for k, names in enumerate(outputs) if names[0]]
+        # Every output a block, but a recurrent layer's final states: one row a member.
+        writes = [self._block(members[0], k, names, lengths) if k == 0 or not sequences
+                  else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
-                    groups=groups)
+                    groups=groups, chunks=chunks(lengths) if sequences else None)
+
+    def _ragged_read(self, names: Sequence[str], bounds: list[int]) -> tuple[int, Rows] | list[tuple[int, Rows]]:
+        """Every member's rows, one after the other: those of one block, else group by group."""
+        runs = self.runs
+        if all(name in runs for name in names):
+            places = [self.location[name] for name in names]
+            arena = places[0] >> ROW_BITS
+            if all(place >> ROW_BITS == arena for place in places):
+                starts = np.array(places, dtype=np.int64) & ROW_MASK
+                return arena, _rows_of_runs(starts, np.array([runs[name] for name in names], dtype=np.int64))
+        return [self._rows(names[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
 
     def _rows(self, names: Sequence[str]) -> tuple[int, Rows]:
         """The arena holding these values (one: they have one type) and their rows in it; for
@@ -486,12 +526,44 @@ class _Planner:
         literals = self.literals
         if names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(name in literals for name in names):
             return LITERALS, list(names)
+        if any(name in self.runs for name in names):
+            return self._rows_in_blocks(names)
         places = list(map(self.location.__getitem__, names))
         first = places[0]
         arena, row = _place(first)
         if places == list(range(first, first + len(places))):
             return arena, slice(row, row + len(places))
         return arena, np.array(places, dtype=np.int64) & ROW_MASK
+
+    def _rows_in_blocks(self, names: Sequence[str]) -> tuple[int, Rows]:
+        """Values of one shape ``[length, ...]``, some or all kept in blocks: ``Runs`` of one
+        block, else ``Pieces``."""
+        places = [self.location[name] for name in names]
+        arena = places[0] >> ROW_BITS
+        if all(name in self.runs for name in names) and all(place >> ROW_BITS == arena for place in places):
+            length = self.runs[names[0]]
+            starts = np.array(places, dtype=np.int64) & ROW_MASK
+            return arena, Runs(_rows_of_runs(starts, np.full(len(names), length)), length)
+        return LITERALS, Pieces(self.where(name) for name in names)
+
+    def where(self, name: str) -> tuple[int, int | slice]:
+        """(arena, row) of a value, or (arena, its rows) for one kept in a block."""
+        arena, row = _place(self.location[name])
+        length = self.runs.get(name)
+        return (arena, row) if length is None else (arena, slice(row, row + length))
+
+    def _block(self, first: TraceRecord, k: int, names: Sequence[str], lengths: list[int]) -> Block:
+        """An arena of its own for output ``k`` of a ragged step: each member's rows (as many as
+        its length) after the previous member's."""
+        vtype = first.types[k]
+        arena = len(self.rows)
+        self.arena_kinds.append((vtype.elem_type, vtype.shape[1:]))
+        self.rows.append(sum(lengths))
+        self.blocks.add(arena)
+        starts = itertools.accumulate(lengths, initial=arena << ROW_BITS)
+        self.location.update(zip(names, starts))
+        self.runs.update(zip(names, lengths))
+        return Block(arena)
 
     def _write(self, first: TraceRecord, k: int, names: Sequence[str], once: bool) -> tuple[int, int]:
         """Rows for output ``k`` (``names``: its name in each member; one row for all when
@@ -520,6 +592,15 @@ class _Locations(dict):
 def _place(location: int) -> tuple[int, int]:
     """(arena, row) of a planner location."""
     return location >> ROW_BITS, location & ROW_MASK
+
+
+def _rows_of_runs(starts: np.ndarray, lengths: np.ndarray) -> slice | np.ndarray:
+    """The rows of runs (``lengths[j]`` rows from ``starts[j]``) one after the other: a slice
+    when each run follows the last."""
+    ends = starts + lengths
+    if np.array_equal(starts[1:], ends[:-1]):
+        return slice(int(starts[0]), int(ends[-1]))
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ ELEMENTWISE = frozenset({
     "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip",
 })
 SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
+ROW_RESHAPES = frozenset({"Unsqueeze", "Squeeze", "Flatten"})  # row-wise, they only reshape each row
 
 
 def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple) -> tuple | None:

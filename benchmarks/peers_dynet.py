@@ -65,6 +65,8 @@ class Models:
         self.m = dy.ParameterCollection()
         self.p: dict[str, Any] = {}
         for name, param in task.params.items():
+            if "_onnx_" in name:  # the examples' copies of LSTM weights in ONNX's layout (for ops.lstm)
+                continue
             a = param.array
             if name in ("E", "C"):
                 self.p[name] = self.m.lookup_parameters_from_numpy(a)  # rows are the vectors
