@@ -178,3 +178,26 @@ def test_random_row_wise_programs_equal_each_instance_alone(backend, seed):
         with Batch(backend=backend, flat=False) as alone:
             expected = alone.run([program(alone.constant(sentence))])[0]
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_ragged_results_read_back_in_any_order_and_by_any_step(backend):
+    """A ragged step's result is one block; later steps read it as a view (same members, same
+    order), by an index (another order), by runs (a step of one length) or value by value (a
+    step whose members' values were made by different steps)."""
+    rng = np.random.default_rng(5)
+    lengths = [3, 3, 5, 4, 3]
+    xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in lengths]
+    with Batch(backend=backend) as batch:
+        tanh = [ops.tanh(batch.constant(x)) for x in xs]  # one ragged step: a block
+        same_order = [ops.exp(t) for t in tanh]  # a view of the block
+        other_order = [ops.neg(t) for t in reversed(tanh)][::-1]  # the rows gathered by an index
+        # Members of one class made by different steps: the odd ones by a per-length transpose.
+        mixed = [t if k % 2 == 0 else ops.transpose(ops.transpose(t)) for k, t in enumerate(same_order)]
+        totals = [ops.reduce_sum(m) for m in mixed]  # over every axis: a class per length
+        values = batch.run([*same_order, *other_order, *totals])
+    assert batch.general_path_reason is None
+    k = len(xs)
+    for j, x in enumerate(xs):
+        np.testing.assert_allclose(values[j], np.exp(np.tanh(x)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values[k + j], -np.tanh(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values[2 * k + j], np.exp(np.tanh(x)).sum(), rtol=1e-5, atol=1e-5)
