@@ -198,12 +198,15 @@ def measure_losses(loss: Callable[[Any, Params], Any], instances: Sequence[Any],
     return best
 
 
-def argument_parser(description: str, instances: int = 32, size: int = 64) -> argparse.ArgumentParser:
+def argument_parser(description: str, instances: int = 32, size: int = 64,
+                    forms: Sequence[str] = FORMS) -> argparse.ArgumentParser:
+    """The examples' options; ``forms``: those the example is written in."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--instances", "-n", type=int, default=instances, help="minibatch size")
     parser.add_argument("--size", type=int, default=size, help="embedding = hidden size")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: numpy,onnxruntime")
-    parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated: primitive,cells")
+    parser.add_argument("--forms", default=",".join(forms), help=f"comma-separated: {','.join(forms)}")
+    parser.set_defaults(known_forms=tuple(forms))
     parser.add_argument("--repeats", type=int, default=1, help="timed rounds after one warm-up (fastest kept)")
     return parser
 
@@ -212,8 +215,8 @@ def run_all(measure: Callable[[str, str], Measurement], args: argparse.Namespace
     """Measure every (form, backend) asked for and print the results."""
     results = []
     for form in args.forms.split(","):
-        if form not in FORMS:
-            raise SystemExit(f"unknown form {form!r}; choose from {FORMS}")
+        if form not in args.known_forms:
+            raise SystemExit(f"unknown form {form!r}; choose from {', '.join(args.known_forms)}")
         for backend in args.backends.split(","):
             m = measure(form, backend)
             print("\n".join(m.lines()), flush=True)

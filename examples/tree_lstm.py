@@ -113,7 +113,7 @@ LOSSES = {"primitive": loss_primitive, "cells": loss_cells}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argument_parser(__doc__.splitlines()[0])
+    parser = argument_parser(__doc__.splitlines()[0], forms=tuple(LOSSES))
     parser.add_argument("--split", default="dev", help="SST split in ../shared/data/sst (train falls back to synthetic "
                                                        "when absent)")
     args = parser.parse_args(argv)

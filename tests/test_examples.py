@@ -1,5 +1,5 @@
 """The seed paper's four models in examples/: batched results equal each instance run alone,
-the primitive and cell forms agree, and the parser's lockstep parses are the ones each
+the primitive, cell and sequence forms agree, and the parser's lockstep parses are the ones each
 sentence gets alone (and are complete, legal parses). Real data from ../shared/data when
 present (else the synthetic stand-ins), small sizes."""
 
@@ -10,11 +10,13 @@ import pytest
 
 from autobatch import Batch, ProgramFailure, run_programs
 from autobatch.datasets import wikiner_sentences
-from autobatch.examples import parser
+from autobatch.examples import bilstm_tagger, char_tagger, parser, tree_lstm
+from autobatch.examples.common import FORMS
 from tests.example_models import MODELS, model
 
 RTOL, ATOL = 1e-5, 1e-6
-FORMS = ("primitive", "cells")
+MODULES = {"tree_lstm": tree_lstm, "bilstm_tagger": bilstm_tagger, "char_tagger": char_tagger}
+CASES = [(name, form) for name in MODELS for form in MODULES[name].LOSSES]  # the Tree-LSTM has no sequences
 
 
 def batched(loss, instances, params, backend="numpy"):
@@ -54,8 +56,7 @@ def assert_close(got, expected):
 
 
 # ----------------------------------------------------------------------------- losses
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name,form", CASES)
 def test_batched_equals_alone(name, form):
     (together, _), (one_by_one, _) = results(name, form)
     assert all(v.shape == () and np.isfinite(v) and v > 0 for v in one_by_one)
@@ -63,14 +64,31 @@ def test_batched_equals_alone(name, form):
     assert_close(together, one_by_one)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_primitive_equals_cells(name):
+@pytest.mark.parametrize("name,form", [(name, form) for name, form in CASES if form != "primitive"])
+def test_forms_equal_primitive_ops(name, form):
     (primitive, _), _ = results(name, "primitive")
-    (cells, _), _ = results(name, "cells")
-    assert_close(cells, primitive)
+    (other, _), _ = results(name, form)
+    np.testing.assert_allclose(other, primitive, rtol=1e-4, atol=1e-5)  # sums in another order
 
 
-@pytest.mark.parametrize("form", FORMS)
+def test_every_form_has_its_example_function():
+    assert set(tree_lstm.LOSSES) == {"primitive", "cells"}
+    for module in (bilstm_tagger, char_tagger):
+        assert set(module.LOSSES) == set(FORMS)
+    assert set(parser.PARSERS) == set(FORMS)
+
+
+@pytest.mark.parametrize("module", [tree_lstm, bilstm_tagger, char_tagger, parser])
+def test_example_command_runs_every_form(module, capsys):
+    """``python -m autobatch.examples.NAME`` at a tiny size: a line per form and backend."""
+    module.main(["--instances", "3", "--size", "8", "--backends", "numpy"])
+    printed = capsys.readouterr().out
+    forms = module.PARSERS if module is parser else module.LOSSES
+    for form in forms:
+        assert f"{form:9} numpy" in printed
+
+
+@pytest.mark.parametrize("form", list(tree_lstm.LOSSES))
 def test_tree_lstm_batching_saves_launches(form):
     (_, report), (_, reports) = results("tree_lstm", form)
     assert report.launches < report.nodes
@@ -86,8 +104,7 @@ def test_char_tagger_uses_both_word_representations():
     assert any(spelled) and not all(spelled)
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name,form", CASES)
 def test_batched_on_onnxruntime_equals_alone_on_numpy(name, form):
     module, instances, params = model(name)
     together, report = batched(module.LOSSES[form], instances, params, backend="onnxruntime")
@@ -159,8 +176,8 @@ def test_parser_batched_equals_alone(parses, form):
     assert len({tuple(p.transitions) for p in together}) > 1 or len({len(s) for s in parses["sentences"]}) == 1
 
 
-def test_parser_primitive_equals_cells(parses):
-    assert parses["primitive", "batched"] == parses["cells", "batched"]
+def test_parser_forms_parse_alike(parses):
+    assert parses["primitive", "batched"] == parses["cells", "batched"] == parses["sequences", "batched"]
 
 
 def test_check_parse_rejects_an_illegal_parse(parses):
