@@ -3,7 +3,8 @@ layers pack them once.
 
 onnxruntime packs a MatMul's or Gemm's constant right operand, and an LSTM's, GRU's or RNN's
 constant W and R, when it makes the session; fed at run time, the same weight is packed again
-on every run (a packed LSTM over 64 sentences, in chunks of 8: 15.0 ms fed, 9.6 ms baked). An LSTM step of 28 rows with two 256x1024
+on every run (an LSTM over 64 sentences in chunks of 8: 15.3 ms fed, 9.6 ms baked;
+``python -m benchmarks.sequence_chunks``). An LSTM step of 28 rows with two 256x1024
 weights took 263 us fed and 195 us baked. A flat plan launches a recurrent model's step once a
 time step, every launch reading the same weights, so a template bakes a weight in once the
 weight is known to be stable:

@@ -8,9 +8,9 @@ sequence past its length its last state and zero outputs, so padding changes no 
 result (a reverse layer reads each sequence from its own end).
 
 Chunks bound the padding: onnxruntime computes every row of a padded step. Measured here (64
-WikiNER sentences, 1,669 tokens, lengths 5..58; LSTM of 256 on 256; 2 threads; one direction):
-one padded call of all 64 took 20.9 ms, chunks of 16 took 12.3, of 8 11.4, of 4 13.0 (smaller
-products run slower a row).
+WikiNER sentences; LSTM of 256 on 256; 2 threads; ``python -m benchmarks.sequence_chunks``,
+numbers in benchmarks/README.md): chunks of 8 ran about twice as fast as one padded call of all
+64, and faster than chunks of 4 (smaller products run slower a row) or of 16 and 32 (more padding).
 
 Only the plain case is taken: ``layout`` 0, shared weights, no ``sequence_lens`` and no
 initial states given (a call with them batches by ``batcher.rules`` when the lengths agree).
@@ -67,16 +67,16 @@ class Chunk:
     targets: np.ndarray
 
 
-def chunks(lengths: Sequence[int]) -> list[Chunk]:
-    """The chunks of members of these lengths (in the step's order, their rows one after the
-    other), longest first."""
+def chunks(lengths: Sequence[int], size: int = CHUNK) -> list[Chunk]:
+    """The chunks of ``size`` members of these lengths (in the step's order, their rows one
+    after the other), longest first."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     rows = int(lengths.sum())
     order = np.argsort(-lengths, kind="stable")
     result = []
-    for first in range(0, len(order), CHUNK):
-        members = order[first:first + CHUNK]
+    for first in range(0, len(order), size):
+        members = order[first:first + size]
         steps = np.arange(lengths[members[0]])[:, None]
         inside = steps < lengths[members][None, :]
         source = np.where(inside, starts[members][None, :] + steps, rows)

@@ -38,3 +38,14 @@ def test_unknown_task_is_refused_before_anything_runs() -> None:
     with pytest.raises(SystemExit) as refused:
         main(["--quick", "--tasks", "treelstm,tagger"])
     assert refused.value.code == 2
+
+
+def test_sequence_chunks_benchmark_compares_every_variant(capsys) -> None:
+    from benchmarks import sequence_chunks
+
+    sequence_chunks.main(["--sentences", "9", "--size", "8", "--repeats", "1"])
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    for variant in ("chunks of 4, baked", "chunks of 8, baked", "chunks of 32, baked", "one padded call, baked",
+                    "chunks of 8, fed"):
+        assert sum(line.startswith(variant) for line in lines) == 2  # forward and bidirectional
+    assert sum(line.startswith("chunks of 8, baked") and "1.00x the library's" in line for line in lines) == 2
