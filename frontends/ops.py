@@ -293,12 +293,14 @@ def lookup(table: Parameter | Tensor, i: Any) -> Tensor:
 
 # ----------------------------------------------------------------------------- recurrent layers
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+GATES = {"LSTM": ("i, o, f, c", 4), "GRU": ("z, r, h", 3), "RNN": ("the one", 1)}
 _FROM_AXIS_1 = attributes(axis=1)
 
 
 @functools.lru_cache(maxsize=None)
-def _lstm_attributes(hidden: int, direction: str) -> dict:
-    return attributes(hidden_size=hidden, direction=direction)  # one object: records of a layer share keys
+def _layer_attributes(hidden: int, direction: str, **extra: Any) -> dict:
+    # One object a layer: its records share keys.
+    return attributes(hidden_size=hidden, direction=direction, **extra)
 
 
 def lstm(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction: str = "forward",
@@ -309,22 +311,45 @@ def lstm(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction
     bidirectional: forward, backward, as PyTorch's) and the last ones ``[h]`` (``[2h]``; a
     reverse layer's is at position 0). Calls over sequences of different lengths batch as
     packed sequences (``batcher.sequences``)."""
+    return _recurrent("LSTM", x, W, R, B, direction)
+
+
+def gru(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction: str = "forward",
+        linear_before_reset: bool = False) -> tuple[Tensor, Tensor]:
+    """ONNX's GRU over ONE sequence ``x [n, d]``: as ``lstm``, with ``W [dirs, 3h, d]``,
+    ``R [dirs, 3h, h]``, ``B [dirs, 6h]``, gates z, r, h (``linear_before_reset`` as ONNX's,
+    PyTorch's GRU is ``True``)."""
+    extra = {"linear_before_reset": 1} if linear_before_reset else {}
+    return _recurrent("GRU", x, W, R, B, direction, **extra)
+
+
+def rnn(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction: str = "forward",
+        ) -> tuple[Tensor, Tensor]:
+    """ONNX's RNN (tanh) over ONE sequence ``x [n, d]``: as ``lstm``, with ``W [dirs, h, d]``,
+    ``R [dirs, h, h]``, ``B [dirs, 2h]``."""
+    return _recurrent("RNN", x, W, R, B, direction)
+
+
+def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, direction: str,
+               **extra: Any) -> tuple[Tensor, Tensor]:
+    """Records Unsqueeze (to ONNX's ``[n, 1, d]``), the layer, and the reshapes of its outputs."""
     if direction not in DIRECTIONS:
-        raise TraceError(f"LSTM: direction must be one of {sorted(DIRECTIONS)}, not {direction!r}")
-    t, w, r, *b = _tensors("LSTM", x, W, R, *([] if B is None else [B]))
-    dirs = DIRECTIONS[direction]
+        raise TraceError(f"{op}: direction must be one of {sorted(DIRECTIONS)}, not {direction!r}")
+    t, w, r, *b = _tensors(op, x, W, R, *([] if B is None else [B]))
+    dirs, (order, gates) = DIRECTIONS[direction], GATES[op]
     if t.ndim != 2 or not t.shape[0] or w.ndim != 3 or r.ndim != 3:
-        raise TraceError(f"LSTM: x must be [n, d] (n > 0), W [dirs, 4h, d] and R [dirs, 4h, h]; got {t.shape}, "
-                         f"{w.shape} and {r.shape}")
+        raise TraceError(f"{op}: x must be [n, d] (n > 0), W [dirs, {gates}h, d] and R [dirs, {gates}h, h]; got "
+                         f"{t.shape}, {w.shape} and {r.shape}")
     hidden = r.shape[2]
-    expected = [(dirs, 4 * hidden, t.shape[1]), (dirs, 4 * hidden, hidden)] + [(dirs, 8 * hidden)] * len(b)
+    expected = [(dirs, gates * hidden, t.shape[1]), (dirs, gates * hidden, hidden)]
+    expected += [(dirs, 2 * gates * hidden)] * len(b)
     if [w.shape, r.shape, *(v.shape for v in b)] != expected:
-        raise TraceError(f"LSTM ({direction}) over x {t.shape}: W, R and B must be {expected}, got "
+        raise TraceError(f"{op} ({direction}, gates {order}) over x {t.shape}: W, R and B must be {expected}, got "
                          f"{[w.shape, r.shape, *(v.shape for v in b)]}")
     batch, n = t.batch, t.shape[0]
     sequence = batch.record("Unsqueeze", [t, batch.shared_constant([1])], [(n, 1, t.shape[1])], [t.dtype])[0]
-    y, last = batch.record("LSTM", [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2,
-                           _lstm_attributes(hidden, direction))
+    y, last = batch.record(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2,
+                           _layer_attributes(hidden, direction, **extra))
     y = batch.record("Flatten", [y], [(n, dirs * hidden)], [t.dtype], _FROM_AXIS_1)[0]
     last = batch.record("Reshape", [last, batch.shared_constant([dirs * hidden])], [(dirs * hidden,)], [t.dtype])[0]
     return y, last

@@ -16,7 +16,7 @@ from autobatch.batcher.sequences import CHUNK, chunks
 # More members than a chunk holds, lengths in no order, some repeated.
 LENGTHS = [3, 1, 5, 3, 2, 9, 4, 12, 1, 7, 5, 6, 2, 11, 8, 3, 10, 4, 6]
 D, H = 3, 4
-GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}  # blocks of rows in W and R
 
 
 @pytest.fixture(params=["numpy", "onnxruntime"])
@@ -126,12 +126,43 @@ def test_traced_lstm_equals_the_layer_written_out(backend, direction):
         np.testing.assert_allclose(last.value, np.concatenate(finals), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("op,extra", [("LSTM", {}), ("GRU", {}), ("GRU", {"linear_before_reset": True}),
+                                      ("RNN", {})])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_traced_layers_equal_onnx_reference_per_instance(op, extra, direction):
+    """``ops.lstm``, ``ops.gru`` and ``ops.rnn`` batched on onnxruntime, against onnx.reference
+    running the ONNX node on each instance alone."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(4)
+    dirs, gates = 2 if direction == "bidirectional" else 1, GATES[op]
+    W, R, B = (Parameter((rng.standard_normal(shape) * 0.5).astype(np.float32))
+               for shape in ((dirs, gates * H, D), (dirs, gates * H, H), (dirs, 2 * gates * H)))
+    inputs = [rng.standard_normal((n, D)).astype(np.float32) for n in LENGTHS]
+    layer = {"LSTM": ops.lstm, "GRU": ops.gru, "RNN": ops.rnn}[op]
+    with Batch(backend="onnxruntime") as batch:
+        results = [layer(batch.constant(x), W, R, B, direction=direction, **extra) for x in inputs]
+        batch.run([t for pair in results for t in pair])
+    assert batch.reports[-1].launches == 4  # Unsqueeze, the layer, Flatten, Reshape
+    attributes = {"hidden_size": H, "direction": direction, **{k: int(v) for k, v in extra.items()}}
+    node = onnx.helper.make_node(op, ["X", "W", "R", "B"], ["Y", "Y_h"], **attributes)
+    graph = onnx.helper.make_graph([node], "layer", [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                                                     for name in ("X", "W", "R", "B")],
+                                   [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                                    for name in ("Y", "Y_h")])
+    oracle = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]))
+    for x, (states, last) in zip(inputs, results, strict=True):
+        y, y_h = oracle.run(None, {"X": x[:, None, :], "W": W.array, "R": R.array, "B": B.array})
+        np.testing.assert_allclose(states.value, y.reshape(len(x), -1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(last.value, y_h.reshape(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_traced_lstm_refuses_wrong_shapes_by_name():
     W, R = Parameter(np.zeros((1, 16, 3), np.float32)), Parameter(np.zeros((1, 16, 4), np.float32))
     with Batch():
         x = ops.lookup(Parameter(np.zeros((5, 3), np.float32)), [0, 1])
         ops.lstm(x, W, R, Parameter(np.zeros((1, 32), np.float32)))  # B is [dirs, 8h]
-        with pytest.raises(TraceError, match=r"LSTM \(forward\) over x \(2, 3\).*\(1, 32\).*\(1, 16\)"):
+        with pytest.raises(TraceError, match=r"LSTM \(forward, gates i, o, f, c\) over x \(2, 3\).*\(1, 32\).*\(1, 16\)"):
             ops.lstm(x, W, R, Parameter(np.zeros((1, 16), np.float32)))
         with pytest.raises(TraceError, match="x must be"):
             ops.lstm(ops.lookup(Parameter(np.zeros((5, 3), np.float32)), 0), W, R)
