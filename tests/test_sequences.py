@@ -59,6 +59,18 @@ def test_one_launch_a_layer_whatever_the_lengths(backend, op, outputs, direction
             np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
 
 
+def test_empty_sequences_batch_apart_and_equal_their_own_runs(backend):
+    """A sequence of length 0 is not packed (its layer gives zero states); the others still are."""
+    rng = np.random.default_rng(6)
+    session = autobatch.InferenceSession(layer_model("LSTM", "forward", 3, rng), backend=backend)
+    instances = sequences([3, 0, 2, 0, 5], rng)
+    for instance, got in zip(instances, session.run_batch(None, instances), strict=True):
+        for alone, value in zip(session.run(None, instance), got, strict=True):
+            assert value.shape == alone.shape
+            np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+    assert session.stats.report.launches == 3  # the packed layer, and each empty one alone (empty values never stack)
+
+
 def test_layers_read_by_onnx_reference_agree():
     """The oracle is onnx.reference, run on the model one instance at a time."""
     from onnx.reference import ReferenceEvaluator
