@@ -136,7 +136,8 @@ class FlatExecutor:
                 baked = baked_by_step[k] if baked_by_step is not None else None
                 run = functools.partial(runner, baked=baked) if baked else runner
                 if step.chunks is not None:  # a recurrent layer, chunk by chunk
-                    outputs = run_chunks(run, feeds, stacked[0], step.chunks, template.sequences)
+                    results = [_sequence_result(plan, write, step.size, len(stacked[0])) for write in step.writes]
+                    outputs = run_chunks(run, feeds, stacked[0], step.chunks, template.sequences, results)
                 else:
                     feeds.update((f"x{i}", value) for i, value in zip(template.stacked, stacked))
                     outputs = run(feeds)
@@ -179,6 +180,14 @@ class FlatExecutor:
                 if snapshot is not None:
                     stable[name] = snapshot
         return [{feed: stable[name] for feed, name in pairs if name in stable} for pairs in bakeable_by_step]
+
+
+def _sequence_result(plan: FlatPlan, write: Any, members: int, rows: int) -> np.ndarray:
+    """Where a recurrent layer's step puts an output: ``Y``'s block (every row written), or a
+    final state a member (zeros: an empty sequence keeps its initial state)."""
+    elem_type, shape = plan.kinds[write.arena if type(write) is Block else write[0]]
+    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    return np.empty((rows, *shape), dtype) if type(write) is Block else np.zeros((members, *shape), dtype)
 
 
 def _read(arenas: list[np.ndarray], literals: Mapping[str, Any], arena: int, rows: Rows) -> np.ndarray:

@@ -5,7 +5,9 @@ one). Calls of one layer over sequences of different lengths become one step: th
 sorted by length and cut into chunks of ``CHUNK`` sequences; each chunk is padded to its
 longest member and runs as one call of the layer with ``sequence_lens``. The ONNX layers give a
 sequence past its length its last state and zero outputs, so padding changes no member's
-result (a reverse layer reads each sequence from its own end).
+result (a reverse layer reads each sequence from its own end). An empty sequence is in no chunk: its
+final states are zeros, as ONNX defines them (onnxruntime, run on it alone, leaves them
+uninitialized).
 
 Chunks bound the padding: onnxruntime computes every row of a padded step. Measured here (64
 WikiNER sentences; LSTM of 256 on 256; 2 threads; ``python -m benchmarks.sequence_chunks``,
@@ -39,7 +41,7 @@ def sequence_signature(record: Any, attributes: tuple) -> tuple | None:
     if record.op_type not in RECURRENT or record.domain:
         return None
     x, *shared = record.entries
-    if not isinstance(x, ValueType) or len(x.shape) != 3 or x.shape[1] != 1 or x.shape[0] == 0:
+    if not isinstance(x, ValueType) or len(x.shape) != 3 or x.shape[1] != 1:
         return None
     if any(isinstance(entry, ValueType) for entry in shared):  # per-instance weights, states or lengths
         return None
@@ -74,6 +76,7 @@ def chunks(lengths: Sequence[int], size: int = CHUNK) -> list[Chunk]:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     rows = int(lengths.sum())
     order = np.argsort(-lengths, kind="stable")
+    order = order[lengths[order] > 0]  # an empty sequence needs no call: its states stay zero
     result = []
     for first in range(0, len(order), size):
         members = order[first:first + size]
@@ -87,26 +90,22 @@ def chunks(lengths: Sequence[int], size: int = CHUNK) -> list[Chunk]:
 
 
 def run_chunks(run: Any, feeds: Mapping[str, Any], x: np.ndarray, parts: list[Chunk], outputs: Sequence[int],
-               ) -> list[np.ndarray]:
+               results: list[np.ndarray]) -> list[np.ndarray]:
     """The layer's ``outputs`` (ONNX output indices: 0 is ``Y``, the others final states) for
-    every member, from ``x`` (the members' rows concatenated, ``[rows, 1, d]``): ``Y`` as the
-    members' rows concatenated ``[rows, dirs, 1, h]``, a state per member ``[members, dirs, 1, h]``.
+    every member, from ``x`` (the members' rows concatenated, ``[rows, 1, d]``), written into
+    ``results``: ``Y`` as the members' rows concatenated ``[rows, dirs, 1, h]``, a state per
+    member ``[members, dirs, 1, h]`` (zeros for an empty sequence, which no chunk holds).
     ``run(feeds)`` runs the layer's template (inputs ``x0`` and ``x4``, see ``flat``)."""
-    rows = len(x)
-    padded = np.concatenate([x.reshape(rows, -1), np.zeros((1, x[0].size), dtype=x.dtype)])
-    members = sum(len(part.members) for part in parts)
-    results: list[np.ndarray | None] = [None] * len(outputs)
+    width = int(np.prod(x.shape[1:]))
+    padded = np.concatenate([x.reshape(len(x), width), np.zeros((1, width), dtype=x.dtype)])
     feeds = dict(feeds)
     for part in parts:
         size = len(part.members)
-        feeds["x0"] = padded.take(part.source, axis=0).reshape(-1, size, padded.shape[1])
+        feeds["x0"] = padded.take(part.source, axis=0).reshape(-1, size, width)
         feeds["x4"] = part.lengths
-        for k, (index, value) in enumerate(zip(outputs, run(feeds))):
-            dirs, hidden = value.shape[-3], value.shape[-1]
-            if results[k] is None:
-                results[k] = np.empty((rows if index == 0 else members, dirs, 1, hidden), dtype=value.dtype)
+        for index, value, result in zip(outputs, run(feeds), results):
             if index == 0:  # [T, dirs, size, h]: time-major, as the source rows
-                results[k][part.targets, :, 0] = value[part.time, :, part.column]
+                result[part.targets, :, 0] = value[part.time, :, part.column]
             else:  # [dirs, size, h]
-                results[k][part.members] = value.transpose(1, 0, 2)[:, :, None, :]
-    return results  # type: ignore[return-value]
+                result[part.members] = value.transpose(1, 0, 2)[:, :, None, :]
+    return results
