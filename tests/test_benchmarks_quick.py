@@ -49,3 +49,13 @@ def test_sequence_chunks_benchmark_compares_every_variant(capsys) -> None:
                     "chunks of 8, fed"):
         assert sum(line.startswith(variant) for line in lines) == 2  # forward and bidirectional
     assert sum(line.startswith("chunks of 8, baked") and "1.00x the library's" in line for line in lines) == 2
+
+
+def test_onnx_tagger_benchmark_checks_and_compares(capsys) -> None:
+    from benchmarks import onnx_tagger
+
+    onnx_tagger.main(["--sentences", "5", "--size", "8", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    assert "every batched result equals onnxruntime's for its sentence alone" in printed
+    for system in ("onnxruntime, one sentence at a time", "ours (onnxruntime), run_batch", "ours (numpy), run_batch"):
+        assert system in printed

@@ -1,0 +1,106 @@
+"""An ONNX model of ONE sentence with a bidirectional LSTM, run for many sentences of different
+lengths: onnxruntime one sentence at a time (the model as exported) versus
+``InferenceSession.run_batch`` (the layer's calls packed into one launch, ``batcher/sequences.py``),
+side by side.
+
+    python -m benchmarks.onnx_tagger [--sentences 64] [--size 256] [--repeats 5]
+
+The model: word ids ``int64[N]`` -> Gather (embeddings) -> LSTM (bidirectional, over ``[N, 1, d]``)
+-> ``tanh(states @ H) @ O`` -> LogSoftmax: ``[N, tags]``. Sentences: the first WikiNER dev
+sentences (synthetic ones of the same statistics without the data). Every batched result is
+checked against onnxruntime's for that sentence first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from autobatch import InferenceSession
+from autobatch.datasets import wikiner_sentences
+from autobatch.ir.onnx_io import choose_ir_version
+
+TAGS = 9
+THREADS = 2
+
+
+def build_model(words: int, size: int, seed: int = 0) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 9, opset_import: ["" : 18]>
+    tagger (int64[N] ids) => (float[N, {TAGS}] scores)
+        <float[{words}, {size}] E, float[2, {4 * size}, {size}] W, float[2, {4 * size}, {size}] R,
+         float[2, {8 * size}] B, float[{2 * size}, {size}] H, float[{size}, {TAGS}] O, int64[1] one = {{1}}> {{
+        x = Gather<axis=0>(E, ids)
+        sequence = Unsqueeze(x, one)
+        states = LSTM<hidden_size={size}, direction="bidirectional">(sequence, W, R, B)
+        rows = Flatten<axis=1>(states)
+        projected = MatMul(rows, H)
+        hidden = Tanh(projected)
+        logits = MatMul(hidden, O)
+        scores = LogSoftmax<axis=1>(logits)
+    }}""")
+    rng = np.random.default_rng(seed)
+    shapes = {"E": (words, size), "W": (2, 4 * size, size), "R": (2, 4 * size, size), "B": (2, 8 * size),
+              "H": (2 * size, size), "O": (size, TAGS)}
+    for name, shape in shapes.items():
+        weight = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, name))
+    model.ir_version = choose_ir_version(model, None)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def fastest(run: Callable[[], object], repeats: int) -> float:
+    run()  # warm up: sessions made, templates planned, weights met
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--size", type=int, default=256, help="embedding = LSTM hidden = MLP hidden size")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    sentences, source = wikiner_sentences(limit=args.sentences)
+    vocabulary = {w: k for k, w in enumerate(sorted({w for s in sentences for w, _ in s}))}
+    instances = [{"ids": np.array([vocabulary[w] for w, _ in s], dtype=np.int64)} for s in sentences]
+    model = build_model(len(vocabulary), args.size)
+    lengths = [len(s) for s in sentences]
+    print(f"{len(sentences)} sentences from {source}: lengths {min(lengths)}..{max(lengths)}, size {args.size}, "
+          f"{THREADS} threads; fastest of {args.repeats} runs")
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    alone = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ours = {backend: InferenceSession(model, backend=backend, threads=THREADS) for backend in ("onnxruntime", "numpy")}
+
+    expected = [alone.run(None, instance)[0] for instance in instances]
+    for backend, session in ours.items():
+        for want, got in zip(expected, session.run_batch(None, instances), strict=True):
+            np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=f"{backend} batched")
+    print("every batched result equals onnxruntime's for its sentence alone")
+
+    seconds = {"onnxruntime, one sentence at a time": fastest(lambda: [alone.run(None, i) for i in instances],
+                                                              args.repeats)}
+    for backend, session in ours.items():
+        seconds[f"ours ({backend}), one at a time"] = fastest(lambda: [session.run(None, i) for i in instances],
+                                                            args.repeats)
+        seconds[f"ours ({backend}), run_batch"] = fastest(lambda: session.run_batch(None, instances), args.repeats)
+    baseline = seconds["onnxruntime, one sentence at a time"]
+    for name, value in seconds.items():
+        print(f"  {name:38} {len(instances) / value:8.1f} sentences/s   {baseline / value:5.2f}x onnxruntime alone")
+    print(f"  run_batch on onnxruntime: {ours['onnxruntime'].stats}")
+
+
+if __name__ == "__main__":
+    main()
