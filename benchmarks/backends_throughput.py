@@ -23,6 +23,7 @@ from autobatch.backends import Interpreter
 from autobatch.backends.ort_runtime import CPU, CUDA, SessionCache
 from autobatch.frontends import Batch
 from autobatch.ir import from_onnx
+from benchmarks.timing import timed
 from benchmarks.models import Workload, bilstm_workload, tree_lstm_workload
 
 
@@ -58,16 +59,6 @@ def losses(workload: Workload, backend: str, batched: bool, providers: list[str]
         with Batch(backend=backend, threads=2, providers=providers) as batch:
             results.append(batch.run([loss(x, params)])[0])
     return results
-
-
-def timed(run: Callable[[], list], repeats: int) -> tuple[list, float]:
-    result = run()  # warm up: cells traced, sessions created
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return result, best
 
 
 def compare(name: str, make: Callable[[str], Workload], repeats: int, providers: list[str] | None) -> None:

@@ -14,8 +14,6 @@ checked against onnxruntime's for that sentence first.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -24,6 +22,7 @@ import onnxruntime as ort
 from autobatch import InferenceSession
 from autobatch.datasets import wikiner_sentences
 from autobatch.ir.onnx_io import choose_ir_version
+from benchmarks.timing import timed
 
 TAGS = 9
 THREADS = 2
@@ -55,16 +54,6 @@ def build_model(words: int, size: int, seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def fastest(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm up: sessions made, templates planned, weights met
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=64)
@@ -90,12 +79,12 @@ def main(argv: list[str] | None = None) -> None:
             np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=f"{backend} batched")
     print("every batched result equals onnxruntime's for its sentence alone")
 
-    seconds = {"onnxruntime, one sentence at a time": fastest(lambda: [alone.run(None, i) for i in instances],
-                                                              args.repeats)}
+    seconds = {"onnxruntime, one sentence at a time": timed(lambda: [alone.run(None, i) for i in instances],
+                                                              args.repeats)[1]}
     for backend, session in ours.items():
-        seconds[f"ours ({backend}), one at a time"] = fastest(lambda: [session.run(None, i) for i in instances],
-                                                            args.repeats)
-        seconds[f"ours ({backend}), run_batch"] = fastest(lambda: session.run_batch(None, instances), args.repeats)
+        seconds[f"ours ({backend}), one at a time"] = timed(lambda: [session.run(None, i) for i in instances],
+                                                            args.repeats)[1]
+        seconds[f"ours ({backend}), run_batch"] = timed(lambda: session.run_batch(None, instances), args.repeats)[1]
     baseline = seconds["onnxruntime, one sentence at a time"]
     for name, value in seconds.items():
         print(f"  {name:38} {len(instances) / value:8.1f} sentences/s   {baseline / value:5.2f}x onnxruntime alone")

@@ -11,7 +11,6 @@ the fastest of ``--repeats`` runs; ratios are against the chunk size the library
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -21,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from autobatch.batcher.sequences import CHUNK, chunks
 from autobatch.datasets import wikiner_sentences
 from autobatch.ir.onnx_io import choose_ir_version
+from benchmarks.timing import timed
 
 CHUNK_SIZES = (4, 8, 16, 32)
 THREADS = 2
@@ -47,16 +47,6 @@ def layer_session(direction: str, size: int, baked: bool, rng: np.random.Generat
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session, {} if baked else weights
-
-
-def fastest(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,9 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     for direction in ("forward", "bidirectional"):
         session, _ = layer_session(direction, args.size, True, rng)
         fed_session, weights = layer_session(direction, args.size, False, rng)
-        seconds = {f"chunks of {c}, baked": fastest(minibatch(session, {}, c), args.repeats) for c in CHUNK_SIZES}
-        seconds["one padded call, baked"] = fastest(minibatch(session, {}, len(lengths)), args.repeats)
-        seconds[f"chunks of {CHUNK}, fed"] = fastest(minibatch(fed_session, weights, CHUNK), args.repeats)
+        seconds = {f"chunks of {c}, baked": timed(minibatch(session, {}, c), args.repeats)[1] for c in CHUNK_SIZES}
+        seconds["one padded call, baked"] = timed(minibatch(session, {}, len(lengths)), args.repeats)[1]
+        seconds[f"chunks of {CHUNK}, fed"] = timed(minibatch(fed_session, weights, CHUNK), args.repeats)[1]
         ours = seconds[f"chunks of {CHUNK}, baked"]
         print(f"\n{direction}:")
         for name, value in seconds.items():
