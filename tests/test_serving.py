@@ -21,6 +21,7 @@ pytest.importorskip("uvicorn")
 from autobatch import InferenceSession, ops  # noqa: E402
 from autobatch.frontends.tracing import current_batch  # noqa: E402
 from autobatch.examples.ray_serve import MODEL_TEXT  # noqa: E402
+from benchmarks.onnx_tagger import build_model  # noqa: E402
 from autobatch.serving import (  # noqa: E402
     BadRequest, Engine, InferenceFailed, ModelRegistry, ProgramRunner, QueueFull, RequestTimeout, SessionRunner,
     ShuttingDown, serve_in_thread,
@@ -29,6 +30,8 @@ from autobatch.serving import (  # noqa: E402
 # One instance: x has a length N of its own, so concurrent requests have different graphs.
 MODEL = onnx.parser.parse_model(MODEL_TEXT)
 POISON = 666.0  # an instance whose x holds this fails to execute (and only it)
+# One sentence's BiLSTM tagger (word ids int64[N]): concurrent sentences' LSTMs are packed.
+LSTM_TAGGER = build_model(words=30, size=8)
 MAX_BODY = 64 * 1024
 
 
@@ -65,6 +68,7 @@ class FaultyRunner(SessionRunner):
 def server():
     registry = ModelRegistry([
         Engine(MODEL, name="tagger", batch_wait_timeout_s=0.05),
+        Engine(LSTM_TAGGER, name="lstm", batch_wait_timeout_s=0.1),
         Engine(FaultyRunner(), name="faulty", batch_wait_timeout_s=0.1),
         Engine(FaultyRunner(delay=0.5), name="slow", max_batch_size=1, max_queue=1),
         Engine(FaultyRunner(delay=0.5), name="timeout", request_timeout_s=0.1),
@@ -130,6 +134,24 @@ def test_tritonclient_concurrent_requests_of_different_lengths_are_batched(serve
     batches = metric(text, "autobatch_batch_size_count", "tagger")
     assert metric(text, "autobatch_batch_size_sum", "tagger") == 12 and batches < 12  # some batch held > 1
     assert metric(text, "autobatch_requests_total", "tagger") >= 12
+
+
+def test_concurrent_sentences_share_one_packed_lstm(server):
+    """Requests of different lengths through a model with an LSTM: batched together (the layer
+    packed across them), each answer equal to the sentence run alone."""
+    rng = np.random.default_rng(7)
+    sentences = [{"ids": rng.integers(0, 30, n)} for n in [5, 1, 9, 3, 7, 2, 12, 4, 6, 8]]
+    with ThreadPoolExecutor(len(sentences)) as pool:
+        answers = list(pool.map(lambda feeds: request(server, "POST", "/v2/models/lstm/infer",
+                                                     infer_body(feeds, datatype="INT64")), sentences))
+    session = InferenceSession(LSTM_TAGGER)
+    for feeds, (status, _, body) in zip(sentences, answers, strict=True):
+        assert status == 200, body
+        (alone,) = session.run(None, feeds)
+        got = np.array(body["outputs"][0]["data"], dtype=np.float32).reshape(body["outputs"][0]["shape"])
+        np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
+    text = request(server, "GET", "/metrics")[2]
+    assert metric(text, "autobatch_batch_size_count", "lstm") < len(sentences)  # some batch held > 1
 
 
 def test_health_metadata_and_metrics(server):
