@@ -292,7 +292,9 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
     general path's batched graph keeps values on the device between launches, where a flat
     plan's arenas are host memory."""
     if backend == "numpy":
-        return FlatExecutor(lambda graph: Interpreter(graph).run_trusted, (backend,))
+        # One padded call a layer: the NumPy layers skip finished sequences' rows, and their
+        # cost is a Python step per time step (``backends/kernels/rnn.py``).
+        return FlatExecutor(lambda graph: Interpreter(graph).run_trusted, (backend,), sequence_chunk=None)
     if backend == "onnxruntime":
         cache = shared_session_cache(threads, providers)
         if cache.on_cuda:

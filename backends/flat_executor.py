@@ -22,7 +22,7 @@ from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, 
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
-from autobatch.batcher.sequences import RECURRENT, run_chunks
+from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 
 TemplateRun = Callable[[dict[str, Any]], list[Any]]  # feeds by input name -> the graph's outputs
@@ -89,10 +89,13 @@ class FlatExecutor:
     that backend's configuration (templates keep one prepared run per key)."""
 
     def __init__(self, prepare: Callable[[Graph], TemplateRun], backend_key: Hashable,
-                 snapshots: WeightSnapshots | None = None) -> None:
+                 snapshots: WeightSnapshots | None = None, sequence_chunk: int | None = CHUNK) -> None:
         self.prepare = prepare
         self.backend_key = backend_key
         self.snapshots = snapshots  # given: runners with ``bakeable`` inputs may bake stable weights
+        # Sequences a padded call of a recurrent layer (None: all in one call, for a backend
+        # whose layer skips the rows of finished sequences: ``batcher.sequences``).
+        self.sequence_chunk = sequence_chunk
 
     def runner(self, template: Template) -> TemplateRun:
         runner = template.runners.get(self.backend_key)
@@ -135,9 +138,10 @@ class FlatExecutor:
                 runner = self.runner(template)
                 baked = baked_by_step[k] if baked_by_step is not None else None
                 run = functools.partial(runner, baked=baked) if baked else runner
-                if step.chunks is not None:  # a recurrent layer, chunk by chunk
+                if template.sequences:  # a recurrent layer, chunk by chunk
                     results = [_sequence_result(plan, write, step.size, len(stacked[0])) for write in step.writes]
-                    outputs = run_chunks(run, feeds, stacked[0], step.chunks, template.sequences, results)
+                    parts = step.chunked(self.sequence_chunk)
+                    outputs = run_chunks(run, feeds, stacked[0], parts, template.sequences, results)
                 else:
                     feeds.update((f"x{i}", value) for i, value in zip(template.stacked, stacked))
                     outputs = run(feeds)
@@ -167,7 +171,7 @@ class FlatExecutor:
             if step.template is not None:
                 bakeable = getattr(self.runner(step.template), "bakeable", ())
                 pairs = [(f"w{i}", name) for i, name in zip(step.template.fed, step.weights) if f"w{i}" in bakeable]
-                runs = len(step.chunks) if step.chunks is not None else 1
+                runs = len(step.chunked(self.sequence_chunk)) if step.template.sequences else 1
                 for _, name in pairs:
                     launches[name] = launches.get(name, 0) + runs
             bakeable_by_step.append(pairs)

@@ -154,8 +154,8 @@ class Step:
     where each member's rows start. A ragged step (``groups`` set: the members' lengths and how
     many have each) reads per operand every member's rows one after the other: one (arena, rows),
     or a list of them, one per group (``[members, length, ...]`` each); it writes a ``Block`` per
-    output, or a plain (arena, first row) for an output of one row a member. ``chunks``: the
-    padded calls of a recurrent layer's step (``batcher.sequences``)."""
+    output, or a plain (arena, first row) for an output of one row a member. A recurrent layer's
+    step (its template's ``sequences`` set) runs in padded calls: ``chunked(size)``."""
 
     template: Template | None
     size: int
@@ -165,7 +165,17 @@ class Step:
     offsets: np.ndarray | None = None
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
     segment: Segment | None = None
-    chunks: list[Chunk] | None = None
+    _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
+
+    def chunked(self, size: int | None) -> list[Chunk]:
+        """A recurrent layer's members in padded calls of ``size`` (None: one call), longest
+        first (``batcher.sequences``); worked out once a size, as a plan may serve many runs."""
+        parts = self._chunks.get(size)
+        if parts is None:
+            assert self.groups is not None
+            lengths = [length for length, count in self.groups for _ in range(count)]
+            parts = self._chunks[size] = chunks(lengths, size or len(lengths))
+        return parts
 
 
 @dataclass
@@ -507,7 +517,7 @@ class _Planner:
         writes = [self._block(members[0], k, names, lengths) if k == 0 or not sequences
                   else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
-                    groups=groups, chunks=chunks(lengths) if sequences else None)
+                    groups=groups)
 
     def _ragged_read(self, names: Sequence[str], bounds: list[int]) -> tuple[int, Rows] | list[tuple[int, Rows]]:
         """Every member's rows, one after the other: those of one block, else group by group."""

@@ -86,19 +86,25 @@ def _directions(ctx: NodeContext, w: np.ndarray, r: np.ndarray, b: np.ndarray | 
 
 
 def _scan(step: Step, projected: np.ndarray, states: States, lengths: np.ndarray | None, reverse: bool) -> tuple[np.ndarray, States]:
-    """Run `step` over time; a sequence past its length keeps its state and outputs zeros."""
+    """Run `step` over time; a sequence past its length keeps its state and outputs zeros (its
+    rows are left out of the step: a batch of sequences of many lengths costs their rows only)."""
     seq_len = projected.shape[0]
     hidden = states[0]
     y = np.zeros((seq_len, *hidden.shape), dtype=hidden.dtype)
+    if lengths is not None:
+        states = tuple(np.array(s) for s in states)  # updated row by row below: our own copies
+        lengths = np.asarray(lengths)
     for t in reversed(range(seq_len)) if reverse else range(seq_len):
-        new = step(projected[t], states)
-        if lengths is None:
-            states = new
-            y[t] = new[0]
-        else:
-            active = (t < lengths)[:, None]
-            states = tuple(np.where(active, n, s) for n, s in zip(new, states))
-            y[t] = np.where(active, new[0], 0)
+        if lengths is None or (t < lengths).all():
+            states = step(projected[t], states)
+            y[t] = states[0]
+            continue
+        active = np.flatnonzero(t < lengths)
+        if len(active):
+            new = step(projected[t][active], tuple(s[active] for s in states))
+            for state, value in zip(states, new):
+                state[active] = value
+            y[t, active] = new[0]
     return y, states
 
 
