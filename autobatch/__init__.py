@@ -9,7 +9,7 @@ See DESIGN.md for the data flow.
 from autobatch.backends import NumpyBackend, OrtBackend
 from autobatch.batcher import BatchingPass
 from autobatch.frontends import (
-    Batch, Parameter, ProgramFailure, Tensor, TraceError, cell, ops, run_programs,
+    Batch, Parameter, ProgramFailure, Tensor, TraceError, cell, fold_tree, ops, run_programs,
 )
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.session import InferenceSession
@@ -18,5 +18,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Batch", "BatchingPass", "Graph", "InferenceSession", "NumpyBackend", "OrtBackend", "Parameter",
-    "ProgramFailure", "Tensor", "TraceError", "__version__", "cell", "from_onnx", "ops", "run_programs", "to_onnx",
+    "ProgramFailure", "Tensor", "TraceError", "__version__", "cell", "fold_tree", "from_onnx", "ops", "run_programs",
+    "to_onnx",
 ]

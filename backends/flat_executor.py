@@ -21,6 +21,7 @@ from onnx import ModelProto, helper, numpy_helper
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache
+from autobatch.batcher.folds import LEAF
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
@@ -129,14 +130,16 @@ class FlatExecutor:
                 stacked = [_read(arenas, literals, a, rows) for a, rows in step.reads]
             template = step.template
             gathered = clock()
-            if template is None:  # a sum of terms or a segment reduction: each member's run of rows
+            if step.fold is not None:  # a tree fold: the leaves, then a level at a time
+                outputs = self._fold(plan, step, stacked[0], weights, baked_by_step[k] if baked_by_step else None)
+            elif template is None:  # a sum of terms or a segment reduction: each member's run of rows
                 outputs = [_reduced(stacked[0], step)]
             elif template.row_shape is not None:
                 outputs = [stacked[0].reshape(len(stacked[0]), *template.row_shape)]
             else:
                 feeds = {f"w{i}": weights[name] for i, name in zip(template.fed, step.weights)}
                 runner = self.runner(template)
-                baked = baked_by_step[k] if baked_by_step is not None else None
+                baked = baked_by_step[k][0] if baked_by_step is not None else None
                 run = functools.partial(runner, baked=baked) if baked else runner
                 if template.sequences:  # a recurrent layer, chunk by chunk
                     results = [_sequence_result(plan, write, step.size, len(stacked[0])) for write in step.writes]
@@ -160,21 +163,45 @@ class FlatExecutor:
             seconds.update(gather=gather, kernels=kernels, scatter=scatter)
         return arenas
 
-    def _baked_by_step(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> list[dict[str, Snapshot]]:
-        """Per step, the weights its runner reads baked this run, by input name: those it may
-        bake (``bakeable``) that are big enough, launched often enough (or frozen), and
-        unchanged since their snapshot (checked once a run)."""
-        bakeable_by_step: list[list[tuple[str, str]]] = []  # per step: (input name, weight name)
+    def _fold(self, plan: FlatPlan, step: Step, leaves: np.ndarray, weights: Mapping[str, np.ndarray],
+              baked: list[dict[str, Snapshot]] | None) -> list[np.ndarray]:
+        """Every state of every node of a fold step's trees (``batcher.folds``); ``baked``: per
+        launch, the weights baked in."""
+        states = [_block_array(plan, write) for write in step.writes]
+        for j, level in enumerate(step.fold):  # type: ignore[arg-type]
+            feeds = {f"w{i}": weights[name] for i, name in zip(level.template.fed, level.weights)}
+            feeds.update((f"x{i}", leaves[rows] if k == LEAF else states[k][rows])
+                         for i, (k, rows) in zip(level.template.stacked, level.operands))
+            runner = self.runner(level.template)
+            outputs = runner(feeds, baked[j]) if baked and baked[j] else runner(feeds)
+            for state, value in zip(states, outputs):
+                state[level.nodes] = value
+        return states
+
+    def _launches(self, step: Step) -> list[tuple[Template, list[str], int]]:
+        """A step's templates: (template, the weight each fed input reads, times it runs)."""
+        if step.fold is not None:
+            return [(level.template, level.weights, 1) for level in step.fold]
+        if step.template is None:
+            return []
+        runs = len(step.chunked(self.sequence_chunk)) if step.template.sequences else 1
+        return [(step.template, step.weights, runs)]
+
+    def _baked_by_step(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> list[list[dict[str, Snapshot]]]:
+        """Per step, per template it runs (``_launches``), the weights its runner reads baked
+        this run, by input name: those it may bake (``bakeable``) that are big enough, launched
+        often enough (or frozen), and unchanged since their snapshot (checked once a run)."""
+        bakeable_by_step: list[list[list[tuple[str, str]]]] = []  # per step, per template: (input, weight)
         launches: dict[str, int] = {}
         for step in plan.steps:
-            pairs = []
-            if step.template is not None:
-                bakeable = getattr(self.runner(step.template), "bakeable", ())
-                pairs = [(f"w{i}", name) for i, name in zip(step.template.fed, step.weights) if f"w{i}" in bakeable]
-                runs = len(step.chunked(self.sequence_chunk)) if step.template.sequences else 1
+            per_template = []
+            for template, names, runs in self._launches(step):
+                bakeable = getattr(self.runner(template), "bakeable", ())
+                pairs = [(f"w{i}", name) for i, name in zip(template.fed, names) if f"w{i}" in bakeable]
                 for _, name in pairs:
                     launches[name] = launches.get(name, 0) + runs
-            bakeable_by_step.append(pairs)
+                per_template.append(pairs)
+            bakeable_by_step.append(per_template)
         stable: dict[str, Snapshot] = {}
         for name, count in launches.items():
             array = weights[name]
@@ -183,7 +210,13 @@ class FlatExecutor:
                 snapshot = self.snapshots.stable(array)  # type: ignore[union-attr]
                 if snapshot is not None:
                     stable[name] = snapshot
-        return [{feed: stable[name] for feed, name in pairs if name in stable} for pairs in bakeable_by_step]
+        return [[{feed: stable[name] for feed, name in pairs if name in stable} for pairs in per_template]
+                for per_template in bakeable_by_step]
+
+
+def _block_array(plan: FlatPlan, write: Block) -> np.ndarray:
+    elem_type, shape = plan.kinds[write.arena]
+    return np.empty((plan.rows[write.arena], *shape), helper.tensor_dtype_to_np_dtype(elem_type))
 
 
 def _sequence_result(plan: FlatPlan, write: Any, members: int, rows: int) -> np.ndarray:

@@ -35,6 +35,7 @@ import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.batching_pass import BatchReport
+from autobatch.batcher.folds import LEAF, Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
@@ -43,7 +44,7 @@ from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks
 from autobatch.batcher.signature import attributes_key
-from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
+from autobatch.ir import Graph, Node, ValueType, attribute_value, is_nondeterministic
 from autobatch.ir.types import MISSING
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
@@ -165,6 +166,7 @@ class Step:
     offsets: np.ndarray | None = None
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
     segment: Segment | None = None
+    fold: list[Level] | None = None  # a fold's launches: the leaves', then a level's each (``batcher.folds``)
     _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
 
     def chunked(self, size: int | None) -> list[Chunk]:
@@ -332,7 +334,9 @@ class _Planner:
                 alike.setdefault(signature, []).append(cls)
         merged = list(range(len(self.classes)))
         for signature, classes in alike.items():
-            template = self._ragged_template(self.first_records[classes[0]]) if len(classes) > 1 else None
+            # A fold class is a fold step whatever its members' sizes: no rule batches the op itself.
+            merge = len(classes) > 1 or signature[0] == "fold"
+            template = self._ragged_template(self.first_records[classes[0]]) if merge else None
             if template is None:  # one length, or no ragged template: each class batches as it is
                 for cls in classes:
                     self.templates[cls] = self._own_template(self.first_records[cls])
@@ -347,6 +351,8 @@ class _Planner:
 
     def _ragged_template(self, record: TraceRecord) -> Template | Segment | None:
         """The op itself over rows of any number (``R``), cached as templates are."""
+        if record.domain:  # a fold: its step is worked out from its members
+            return Fold()
         if record.op_type in SEGMENT_REDUCTIONS:
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
             return Segment(record.op_type == "ReduceMean", bool(keepdims))
@@ -476,6 +482,8 @@ class _Planner:
     def step(self, members: list[TraceRecord], cls: int) -> Step:
         first = members[0]
         template = self.templates[cls]
+        if isinstance(template, Fold):
+            return self._fold_step(members)
         if isinstance(template, Segment) or isinstance(template, Template) and template.ragged:
             return self._ragged_step(members, template)
         outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
@@ -518,6 +526,54 @@ class _Planner:
                   else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
                     groups=groups)
+
+    def _fold_step(self, members: list[TraceRecord]) -> Step:
+        """Every member's tree at once (``batcher.folds``): ordered by their numbers of leaves,
+        their leaf inputs read as one run of rows, their states written as blocks."""
+        members = sorted(members, key=lambda member: member.entries[0].shape[0])
+        lengths = [member.entries[0].shape[0] for member in members]
+        groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
+        bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
+        leaves = self._ragged_read([member.inputs[0] for member in members], bounds)
+        matrices = [self.literals.get(member.inputs[1]) for member in members]
+        if any(matrix is None for matrix in matrices):
+            raise NotFlat("a tree fold's children must be known when traced")
+        leaf_rows, levels = tree_levels(matrices)  # type: ignore[arg-type]
+        leaf_cell, node_cell = self._fold_cells(members[0])
+        states = len(members[0].outputs)
+        launches = [self._fold_level(leaf_cell, len(leaf_rows), [(LEAF, slice(None))], leaf_rows)]
+        for nodes, left, right in levels:
+            operands = [(k, left) for k in range(states)] + [(k, right) for k in range(states)]
+            launches.append(self._fold_level(node_cell, len(nodes), operands, nodes))
+        sizes = [len(matrix) for matrix in matrices]  # type: ignore[arg-type]
+        outputs = list(zip(*[member.outputs for member in members]))
+        writes = [self._block(members[0], k, names, sizes) for k, names in enumerate(outputs)]
+        return Step(None, len(members), [leaves], [], writes, groups=groups, fold=launches)
+
+    def _fold_cells(self, first: TraceRecord) -> tuple[GraphRecord, GraphRecord]:
+        """A fold's leaf and node cell calls as records, for their templates."""
+        leaf, node, leaf_parameters, domain = (attribute_value(first.attributes[name])
+                                               for name in ("leaf", "node", "leaf_parameters", "cells"))
+        shared = list(first.inputs[2:])
+        states = state_types(first)
+        row = ValueType.tensor(first.entries[0].dtype, first.entries[0].shape[1:])
+        names = [f"s{k}" for k in range(len(states))]
+        calls = []
+        for function, operands, parameters in ((leaf, [row], shared[:leaf_parameters]),
+                                               (node, states + states, shared[leaf_parameters:])):
+            inputs = [f"x{i}" for i in range(len(operands))] + parameters
+            calls.append(GraphRecord(_text(function), _text(domain), inputs, names, {}, states, (*operands, *parameters),
+                                     None, []))
+        return calls[0], calls[1]
+
+    def _fold_level(self, call: GraphRecord, size: int, operands: list, nodes: np.ndarray) -> Level:
+        """One launch of a fold: ``call``'s cell batched for ``size`` members."""
+        template = self._template(call, None)
+        if template == _PER_SIZE:
+            template = self._template(call, size)
+        if not isinstance(template, Template):
+            raise NotFlat(f"no batching rule takes cell {call.op_type} (a tree fold batches its cells)")
+        return Level(template, [call.inputs[i] for i in template.fed], [operands[i] for i in template.stacked], nodes)
 
     def _ragged_read(self, names: Sequence[str], bounds: list[int]) -> tuple[int, Rows] | list[tuple[int, Rows]]:
         """Every member's rows, one after the other: those of one block, else group by group."""
@@ -602,6 +658,10 @@ class _Locations(dict):
 def _place(location: int) -> tuple[int, int]:
     """(arena, row) of a planner location."""
     return location >> ROW_BITS, location & ROW_MASK
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _rows_of_runs(starts: np.ndarray, lengths: np.ndarray) -> slice | np.ndarray:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.batcher.folds import fold_signature
 from autobatch.batcher.sequences import sequence_signature
 from autobatch.ir import ValueType, attribute_value
 
@@ -40,7 +41,7 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
     row-wise for these operands (see the module). ``record`` is a ``flat.TraceRecord``,
     ``attributes`` its ``attributes_key``."""
     if record.domain:
-        return None
+        return fold_signature(record, attributes)
     sequences = sequence_signature(record, attributes)
     if sequences is not None:
         return sequences

@@ -38,7 +38,7 @@ from benchmarks.tasks import TASKS, Task, build
 THREADS = 2
 SCHEDULERS = ("depth", "agenda", "level")
 BACKENDS = ("numpy", "onnxruntime")
-FORMS = ("primitive", "cells", "sequences")  # a task's forms are those of its example (no sequences for trees)
+FORMS = ("primitive", "cells", "sequences", "fold")  # a task's forms are those its example has
 SWEEP_TASKS = ("treelstm", "bilstm")
 RTOL = ATOL = 2e-3  # float32 sums of ~40-100 NLLs, different summation orders
 

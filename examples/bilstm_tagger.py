@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from autobatch import cell, ops
 from autobatch.datasets import wikiner_sentences
 from autobatch.examples.common import (Params, Vocabulary, add_bilstm, argument_parser, bilstm, bilstm_rows, measure_losses,
-                                      run_all)
+                                      run_all, summed_nll)
 
 Sentence = Sequence[tuple[str, str]]
 
@@ -73,11 +71,7 @@ def tag_losses(vectors: Sequence[Any], tags: Sequence[int], p: Params, cells: bo
 def sequence_tag_losses(x: Any, tags: Sequence[int], p: Params) -> Any:
     """The summed NLL of a sentence given its word vectors as the rows of ``x [n, d]``."""
     states, _ = bilstm_rows(x, p, "w")
-    scores = ops.matmul(ops.tanh(ops.matmul(states, p["H"])), p["O"])
-    gold = np.zeros(scores.shape, dtype=np.float32)
-    gold[np.arange(len(tags)), tags] = 1.0  # one-hot rows: picks each token's log-probability
-    picked = ops.reduce_sum(ops.mul(ops.log_softmax(scores), gold), axis=0)
-    return ops.neg(ops.reduce_sum(picked))
+    return summed_nll(ops.matmul(ops.tanh(ops.matmul(states, p["H"])), p["O"]), tags)
 
 
 def loss_sequences(sentence: Sentence, params: Params) -> Any:
@@ -107,7 +101,7 @@ LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "sequences": loss_se
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = argument_parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = argument_parser(__doc__.splitlines()[0], forms=tuple(LOSSES)).parse_args(argv)
     sentences, source = wikiner_sentences(limit=args.instances)
     params = make_params(*make_vocabularies(sentences), size=args.size)
     tokens = sum(len(s) for s in sentences)

@@ -19,7 +19,7 @@ from autobatch.frontends.cells import Cell
 
 UNK = "<unk>"
 BACKENDS = ("numpy", "onnxruntime")
-FORMS = ("primitive", "cells", "sequences")
+FORMS = ("primitive", "cells", "sequences", "fold")  # each example has some of them
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -150,6 +150,14 @@ def bilstm(xs: Sequence[Any], params: Params, prefix: str, cells: bool) -> list[
     return list(zip(forward, backward))
 
 
+def summed_nll(scores: Any, labels: Sequence[int]) -> Any:
+    """``sum_k -log_softmax(scores[k])[labels[k]]`` over the rows of ``scores [n, classes]``, in
+    ops over rows (which batch across instances of any ``n``)."""
+    gold = np.zeros(scores.shape, dtype=np.float32)
+    gold[np.arange(len(labels)), labels] = 1.0  # one-hot rows: pick each row's log-probability
+    return ops.neg(ops.reduce_sum(ops.reduce_sum(ops.mul(ops.log_softmax(scores), gold), axis=0)))
+
+
 # ----------------------------------------------------------------------------- timing harness
 @dataclass
 class Measurement:
@@ -198,8 +206,8 @@ def measure_losses(loss: Callable[[Any, Params], Any], instances: Sequence[Any],
     return best
 
 
-def argument_parser(description: str, instances: int = 32, size: int = 64,
-                    forms: Sequence[str] = FORMS) -> argparse.ArgumentParser:
+def argument_parser(description: str, forms: Sequence[str], instances: int = 32, size: int = 64,
+                    ) -> argparse.ArgumentParser:
     """The examples' options; ``forms``: those the example is written in."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--instances", "-n", type=int, default=instances, help="minibatch size")

@@ -12,8 +12,9 @@ Every node: ``h = sigmoid(o) * tanh(c)`` and a 5-way NLL ``-log_softmax(h @ W_ou
 the loss of a tree is the sum of its nodes' NLLs. The gate matrices of dynet-benchmark (one per
 gate) are stored side by side (``W_iou``), which is the same model.
 
-Two forms over the same parameters: ``loss_primitive`` (about 20 IR nodes per tree node) and
-``loss_cells`` (one cell call per tree node).
+Three forms over the same parameters: ``loss_primitive`` (about 20 IR nodes per tree node),
+``loss_cells`` (one cell call per tree node) and ``loss_fold`` (the tree's states as one
+``autobatch.fold_tree`` over its shape, the losses over its nodes' rows).
 
     python -m autobatch.examples.tree_lstm [--instances 32] [--size 64] [--backends numpy,onnxruntime]
 """
@@ -22,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from autobatch import cell, ops
+from autobatch import cell, fold_tree, ops
 from autobatch.datasets import Tree, sst_trees
 from autobatch.frontends.cells import Cell
-from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all
+from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all, summed_nll
 
 CLASSES = 5
 
@@ -49,25 +50,31 @@ def make_params(vocabulary: Vocabulary, size: int = 256, seed: int = 0) -> Param
 
 
 # ----------------------------------------------------------------------------- one tree node, primitive ops
-def leaf(word: Any, label: Any, p: Params) -> tuple[Any, Any, Any]:
-    """``(h, c, nll)`` of a leaf; ``word`` and ``label`` are ints (or int64 scalar tensors in a cell)."""
-    x = ops.lookup(p["E"], word)
+def leaf_state(x: Any, p: Params) -> tuple[Any, Any]:
+    """``(h, c)`` of a leaf whose word vector is ``x``."""
     i, o, u = ops.split(ops.affine(x, p["W_iou"], p["b_iou"]), 3)
     c = ops.sigmoid(i) * ops.tanh(u)
-    return _output(o, c, label, p)
+    return ops.sigmoid(o) * ops.tanh(c), c
 
 
-def node(hl: Any, cl: Any, hr: Any, cr: Any, label: Any, p: Params) -> tuple[Any, Any, Any]:
-    """``(h, c, nll)`` of an internal node from its children's states."""
+def node_state(hl: Any, cl: Any, hr: Any, cr: Any, p: Params) -> tuple[Any, Any]:
+    """``(h, c)`` of an internal node from its children's states."""
     i, o, u = ops.split(ops.affine(ops.concat([hl, hr]), p["U_iou"], p["b_iou"]), 3)
     fl = ops.sigmoid(ops.affine(hl, p["Uf1"], p["b_f"]))
     fr = ops.sigmoid(ops.affine(hr, p["Uf2"], p["b_f"]))
     c = ops.sigmoid(i) * ops.tanh(u) + fl * cl + fr * cr
-    return _output(o, c, label, p)
+    return ops.sigmoid(o) * ops.tanh(c), c
 
 
-def _output(o: Any, c: Any, label: Any, p: Params) -> tuple[Any, Any, Any]:
-    h = ops.sigmoid(o) * ops.tanh(c)
+def leaf(word: Any, label: Any, p: Params) -> tuple[Any, Any, Any]:
+    """``(h, c, nll)`` of a leaf; ``word`` and ``label`` are ints (or int64 scalar tensors in a cell)."""
+    h, c = leaf_state(ops.lookup(p["E"], word), p)
+    return h, c, ops.pick_neg_log_softmax(ops.matmul(h, p["W_out"]), label)
+
+
+def node(hl: Any, cl: Any, hr: Any, cr: Any, label: Any, p: Params) -> tuple[Any, Any, Any]:
+    """``(h, c, nll)`` of an internal node from its children's states."""
+    h, c = node_state(hl, cl, hr, cr, p)
     return h, c, ops.pick_neg_log_softmax(ops.matmul(h, p["W_out"]), label)
 
 
@@ -109,7 +116,20 @@ def loss_cells(tree: Tree, params: Params) -> Any:
     return _loss(tree, params, cells=True)
 
 
-LOSSES = {"primitive": loss_primitive, "cells": loss_cells}
+def loss_fold(tree: Tree, params: Params) -> Any:
+    """Summed node NLL of one tree: its states as one fold over its shape, the NLLs over rows."""
+    vocabulary: Vocabulary = params.config["vocabulary"]
+    nodes = tree.nodes()  # children before parents
+    index = {id(n): k for k, n in enumerate(nodes)}
+    leaves = ops.lookup(params["E"], [vocabulary[n.word] for n in nodes if n.is_leaf])
+    children = [None if n.is_leaf else (index[id(n.left)], index[id(n.right)]) for n in nodes]
+    leaf_cell = params.cell("leaf_state", lambda: cell(lambda x: leaf_state(x, params)))
+    node_cell = params.cell("node_state", lambda: cell(lambda hl, cl, hr, cr: node_state(hl, cl, hr, cr, params)))
+    h, _ = fold_tree(leaf_cell, node_cell, leaves, children)
+    return summed_nll(ops.matmul(h, params["W_out"]), [n.label for n in nodes])
+
+
+LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "fold": loss_fold}
 
 
 def main(argv: list[str] | None = None) -> None:

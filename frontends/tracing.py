@@ -530,6 +530,12 @@ class Batch:
 
     def _graph(self, records: list[_Record], needed: set[str], wanted: list[str]) -> Graph:
         """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk."""
+        from autobatch.batcher.folds import FOLD_DOMAIN
+
+        if any(record.domain == FOLD_DOMAIN for record in records):
+            why = f" (it does not take this batch: {self.general_path_reason})" if self.general_path_reason else ""
+            raise TraceError(f"a tree fold (fold_tree) runs on the flat path only{why}; Batch(flat=False) and CUDA "
+                             "take the general path")
         graph = Graph("batch", self._opsets())
         graph.functions = dict(self.functions)
         for name in sorted(needed & self._weights.keys()):

@@ -29,8 +29,7 @@ def test_benchmarks_quick(tmp_path: Path) -> None:
     assert tasks == {"treelstm", "bilstm", "chartagger", "parser"}
     for task in tasks:
         ours = [r for r in records if r["task"] == task and r["system"] == "ours"]
-        forms = 2 if task == "treelstm" else 3  # primitive, cells (and sequences: the sequence tasks)
-        assert len(ours) == forms * 2 * 4  # x 2 backends x (one at a time + 3 schedulers)
+        assert len(ours) == 3 * 2 * 4  # 3 forms (with sequences, or a fold) x 2 backends x (alone + 3 schedulers)
         assert all(r["check"] == "ok" and r["instances_per_s"] > 0 for r in records if r["task"] == task)
 
 

@@ -1,0 +1,88 @@
+"""``fold_tree``: a tree's cells as ONE traced op, batched across trees of any shape level by
+level (``batcher.folds``).
+
+Written node by node, a Tree-LSTM traces a cell call for every tree node, and planning handles
+every call. Folded, each tree is one record: its leaves' inputs as rows, its shape as data (each
+node's children), and the two cells. The batch then runs the leaf cell once over every leaf of
+every tree, and the node cell once a level (a node's level: one more than its highest child's),
+its operands gathered from the states below: what hand-batched Tree-LSTM code does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from autobatch.batcher.folds import FOLD_DOMAIN, FOLD_TREE, LEAF
+from autobatch.frontends.cells import CELL_DOMAIN, Cell
+from autobatch.frontends.ops import _tensors
+from autobatch.frontends.tracing import PreparedCall, Tensor, TraceError, attributes
+from autobatch.ir import ValueType
+
+
+
+@functools.lru_cache(maxsize=1024)
+def _fold_attributes(leaf: str, node: str, leaf_parameters: int) -> dict:
+    # One object a pair of cells: their records share keys.
+    return attributes(leaf=leaf, node=node, leaf_parameters=leaf_parameters, cells=CELL_DOMAIN)
+
+
+def fold_tree(leaf: Cell, node: Cell, leaves: Tensor, children: Sequence[tuple[int, int] | None]) -> tuple[Tensor, ...]:
+    """The states of every node of one binary tree, bottom up: ``leaf(x)`` for a leaf (``x`` the
+    next row of ``leaves [L, d]``), ``node(*left_states, *right_states)`` for an internal node.
+    ``children[k]`` is None for a leaf, else the indices of node k's children, both before k.
+    Returns each state of every node, in node order: ``[len(children), *state_shape]``. The
+    flat path runs it (``Batch(flat=True)``, the default, on the CPU)."""
+    (rows,) = _tensors(FOLD_TREE, leaves)
+    batch = rows.batch
+    if rows.ndim < 1 or not rows.shape[0]:
+        raise TraceError(f"{FOLD_TREE}: leaves must be rows [L, ...] with L > 0, got {rows.shape}")
+    matrix = _children_matrix(children, rows.shape[0])
+    key = (FOLD_TREE, leaf, node, rows.entry)
+    calls = batch.cell_calls.get(key)
+    if calls is None:  # the first fold of these cells over rows like these in this batch
+        calls = batch.cell_calls[key] = _prepare(leaf, node, rows)
+    leaf_call, node_call = calls
+    structure = batch.constant(matrix)
+    shared = leaf_call.shared + node_call.shared
+    shapes = [(len(matrix), *shape) for shape in leaf_call.shapes]
+    types = [ValueType.tensor(dtype, shape) for shape, dtype in zip(shapes, leaf_call.dtypes)]
+    attrs = _fold_attributes(leaf_call.op_type, node_call.op_type, len(leaf_call.shared))
+    return tuple(batch._append(FOLD_TREE, FOLD_DOMAIN, [rows, structure], [rows.name, structure.name, *shared], attrs,
+                               shapes, list(leaf_call.dtypes), types, (rows.entry, structure.entry, *shared),
+                               (key, structure.entry), None))
+
+
+def _prepare(leaf: Cell, node: Cell, rows: Tensor) -> tuple[PreparedCall, PreparedCall]:
+    """The two cells traced for a row of ``rows`` and for two nodes' states; their states agree."""
+    batch = rows.batch
+    row = Tensor(batch, "fold_leaf_input", rows.shape[1:], rows.dtype)
+    leaf_call = leaf._prepare(batch, [row], (row.entry,))
+    states = [Tensor(batch, f"fold_state{k}", shape, dtype)
+              for k, (shape, dtype) in enumerate(zip(leaf_call.shapes, leaf_call.dtypes))]
+    node_call = node._prepare(batch, states + states, tuple(s.entry for s in states + states))
+    if list(zip(node_call.shapes, node_call.dtypes)) != list(zip(leaf_call.shapes, leaf_call.dtypes)):
+        raise TraceError(f"{FOLD_TREE}: the node cell returns {list(zip(node_call.shapes, map(str, node_call.dtypes)))}, "
+                         f"the leaf cell {list(zip(leaf_call.shapes, map(str, leaf_call.dtypes)))}: they must agree")
+    return leaf_call, node_call
+
+
+def _children_matrix(children: Sequence[tuple[int, int] | None], rows: int) -> np.ndarray:
+    """``[nodes, 2]`` int64: a node's children, ``LEAF`` twice for a leaf; checked."""
+    pairs = [(LEAF, LEAF) if pair is None else pair for pair in children]
+    try:
+        matrix = np.array(pairs, dtype=np.int64).reshape(len(pairs), 2)
+    except (ValueError, TypeError):
+        raise TraceError(f"{FOLD_TREE}: children must be None or two node indices each, got {list(children)[:8]!r}") from None
+    internal = matrix[:, 0] != LEAF
+    index = np.arange(len(matrix))[:, None]
+    bad = internal & ~((matrix >= 0) & (matrix < index)).all(axis=1)
+    if bad.any() or (matrix[~internal] != LEAF).any():
+        k = int(np.flatnonzero(bad | ~internal & (matrix != LEAF).any(axis=1))[0])
+        raise TraceError(f"{FOLD_TREE}: node {k}'s children must be two indices of earlier nodes, got {children[k]!r}")
+    leaves = len(matrix) - int(np.count_nonzero(internal))
+    if leaves != rows:
+        raise TraceError(f"{FOLD_TREE}: {leaves} leaves in the tree, {rows} rows of leaf inputs")
+    return matrix
