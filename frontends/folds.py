@@ -10,7 +10,6 @@ its operands gathered from the states below: what hand-batched Tree-LSTM code do
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,12 +20,6 @@ from autobatch.frontends.ops import _tensors
 from autobatch.frontends.tracing import PreparedCall, Tensor, TraceError, attributes
 from autobatch.ir import ValueType
 
-
-
-@functools.lru_cache(maxsize=1024)
-def _fold_attributes(leaf: str, node: str, leaf_parameters: int) -> dict:
-    # One object a pair of cells: their records share keys.
-    return attributes(leaf=leaf, node=node, leaf_parameters=leaf_parameters, cells=CELL_DOMAIN)
 
 
 def fold_tree(leaf: Cell, node: Cell, leaves: Tensor, children: Sequence[tuple[int, int] | None]) -> tuple[Tensor, ...]:
@@ -40,19 +33,20 @@ def fold_tree(leaf: Cell, node: Cell, leaves: Tensor, children: Sequence[tuple[i
     if rows.ndim < 1 or not rows.shape[0]:
         raise TraceError(f"{FOLD_TREE}: leaves must be rows [L, ...] with L > 0, got {rows.shape}")
     matrix = _children_matrix(children, rows.shape[0])
-    key = (FOLD_TREE, leaf, node, rows.entry)
-    calls = batch.cell_calls.get(key)
+    cells = (FOLD_TREE, leaf, node, rows.shape[1:], rows.dtype)
+    calls = batch.cell_calls.get(cells)
     if calls is None:  # the first fold of these cells over rows like these in this batch
-        calls = batch.cell_calls[key] = _prepare(leaf, node, rows)
+        calls = batch.cell_calls[cells] = _prepare(leaf, node, rows)
     leaf_call, node_call = calls
     structure = batch.constant(matrix)
     shared = leaf_call.shared + node_call.shared
     shapes = [(len(matrix), *shape) for shape in leaf_call.shapes]
     types = [ValueType.tensor(dtype, shape) for shape, dtype in zip(shapes, leaf_call.dtypes)]
-    attrs = _fold_attributes(leaf_call.op_type, node_call.op_type, len(leaf_call.shared))
+    attrs = attributes(leaf=leaf_call.op_type, node=node_call.op_type, leaf_parameters=len(leaf_call.shared),
+                       cells=CELL_DOMAIN)
     return tuple(batch._append(FOLD_TREE, FOLD_DOMAIN, [rows, structure], [rows.name, structure.name, *shared], attrs,
                                shapes, list(leaf_call.dtypes), types, (rows.entry, structure.entry, *shared),
-                               (key, structure.entry), None))
+                               (cells, rows.entry, structure.entry), None))
 
 
 def _prepare(leaf: Cell, node: Cell, rows: Tensor) -> tuple[PreparedCall, PreparedCall]:

@@ -6,7 +6,6 @@ Row-vector convention: ``affine(x, W, b) = x @ W + b``.
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -297,12 +296,6 @@ GATES = {"LSTM": ("i, o, f, c", 4), "GRU": ("z, r, h", 3), "RNN": ("the one", 1)
 _FROM_AXIS_1 = attributes(axis=1)
 
 
-@functools.lru_cache(maxsize=None)
-def _layer_attributes(hidden: int, direction: str, **extra: Any) -> dict:
-    # One object a layer: its records share keys.
-    return attributes(hidden_size=hidden, direction=direction, **extra)
-
-
 def lstm(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction: str = "forward",
          ) -> tuple[Tensor, Tensor]:
     """ONNX's LSTM over ONE sequence ``x [n, d]``, in ONNX's layout: ``W [dirs, 4h, d]``,
@@ -349,7 +342,7 @@ def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, d
     batch, n = t.batch, t.shape[0]
     sequence = batch.record("Unsqueeze", [t, batch.shared_constant([1])], [(n, 1, t.shape[1])], [t.dtype])[0]
     y, last = batch.record(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2,
-                           _layer_attributes(hidden, direction, **extra))
+                           attributes(hidden_size=hidden, direction=direction, **extra))
     y = batch.record("Flatten", [y], [(n, dirs * hidden)], [t.dtype], _FROM_AXIS_1)[0]
     last = batch.record("Reshape", [last, batch.shared_constant([dirs * hidden])], [(dirs * hidden,)], [t.dtype])[0]
     return y, last
