@@ -148,6 +148,8 @@ class FlatExecutor:
                 else:
                     feeds.update((f"x{i}", value) for i, value in zip(template.stacked, stacked))
                     outputs = run(feeds)
+                    if template.segment is not None:  # a loss a row: each member's sum or mean
+                        outputs = [_reduced(outputs[0], step)]
             ran = clock()
             for write, value in zip(step.writes, outputs):
                 if type(write) is Block:

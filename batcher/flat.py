@@ -38,7 +38,7 @@ from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.folds import LEAF, Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
-from autobatch.batcher.ragged import ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
+from autobatch.batcher.ragged import ROW_LOSS, ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter
 from autobatch.batcher.rules import Operand
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
@@ -112,6 +112,9 @@ class Template:
     # A ragged op that only reshapes each row (``ROW_RESHAPES``): the row shape it makes, run as
     # a NumPy reshape of the rows (a view), whatever the backend.
     row_shape: tuple[int, ...] | None = None
+    # A loss over rows (``batcher.ragged.ROW_LOSS``): the template gives one value a row, and
+    # this reduces each member's run of them.
+    segment: Segment | None = None
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
@@ -334,8 +337,9 @@ class _Planner:
                 alike.setdefault(signature, []).append(cls)
         merged = list(range(len(self.classes)))
         for signature, classes in alike.items():
-            # A fold class is a fold step whatever its members' sizes: no rule batches the op itself.
-            merge = len(classes) > 1 or signature[0] == "fold"
+            # A fold or a loss over rows is a ragged step whatever its members' sizes: no rule
+            # batches the op itself.
+            merge = len(classes) > 1 or signature[0] in ("fold", "loss")
             template = self._ragged_template(self.first_records[classes[0]]) if merge else None
             if template is None:  # one length, or no ragged template: each class batches as it is
                 for cls in classes:
@@ -364,11 +368,17 @@ class _Planner:
         key = ("ragged", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes), rows,
                tuple(map(bool, record.outputs)))
         if key not in _templates:
-            node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, list(record.inputs),
+            attrs, segment = record.attributes, None
+            if record.op_type == ROW_LOSS:  # a loss a row, then each member's sum or mean
+                segment = Segment(attribute_value(attrs["reduction"]) in ("mean", b"mean") if "reduction" in attrs
+                                  else True, keepdims=False)
+                attrs = {**attrs, "reduction": helper.make_attribute("reduction", "none")}
+            node = Node(-1, record.op_type, "", self.opsets.get("", 1), attrs, list(record.inputs),
                         list(record.outputs), 0, "")
             solo = _build_solo(node, rows, baked, self.functions, self.opsets)
             row_shape = tuple(record.types[0].shape[1:]) if record.op_type in ROW_RESHAPES else None
-            _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True, row_shape=row_shape)
+            _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True, row_shape=row_shape,
+                                       segment=segment)
         template = _templates[key]
         return template if isinstance(template, Template) else None
 
@@ -521,6 +531,10 @@ class _Planner:
             offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
             return Step(None, len(members), reads, [], [self._write(members[0], 0, outputs[0], False)], offsets,
                         groups, template)
+        if isinstance(template, Template) and template.segment is not None:  # a loss: one value a member
+            offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
+            return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed],
+                        [self._write(members[0], 0, outputs[0], False)], offsets, groups, template.segment)
         # Every output a block, but a recurrent layer's final states: one row a member.
         writes = [self._block(members[0], k, names, lengths) if k == 0 or not sequences
                   else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]

@@ -24,6 +24,7 @@ import numpy as np
 from autobatch.batcher.folds import fold_signature
 from autobatch.batcher.sequences import sequence_signature
 from autobatch.ir import ValueType, attribute_value
+from autobatch.ir.types import MISSING
 
 ELEMENTWISE = frozenset({
     "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
@@ -34,6 +35,7 @@ ELEMENTWISE = frozenset({
 })
 SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
 ROW_RESHAPES = frozenset({"Unsqueeze", "Squeeze", "Flatten"})  # row-wise, they only reshape each row
+ROW_LOSS = "SoftmaxCrossEntropyLoss"  # summed (or averaged) over rows: run per row, then a segment reduction
 
 
 def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple) -> tuple | None:
@@ -45,6 +47,8 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
     sequences = sequence_signature(record, attributes)
     if sequences is not None:
         return sequences
+    if record.op_type == ROW_LOSS:
+        return _loss_signature(record, attributes)
     data = [(i, entry) for i, entry in enumerate(record.entries) if isinstance(entry, ValueType)]
     shapes = [entry.shape for _, entry in data]
     if not shapes or any(not shape for shape in shapes) or any(shape[0] != shapes[0][0] for shape in shapes):
@@ -114,6 +118,23 @@ def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int)
     if [a % rank for a in axes] != [0] or _attribute(record, "noop_with_empty_axes", 0):
         return None
     return bool(_attribute(record, "keepdims", 1))
+
+
+def _loss_signature(record: Any, attributes: tuple) -> tuple | None:
+    """SoftmaxCrossEntropyLoss of per-instance scores ``[n, C]`` and labels ``[n]``, summed or
+    averaged over the rows, with no class weights, its loss alone wanted."""
+    scores, labels = (record.entries + (MISSING,))[:2]
+    if len(record.entries) > 2 and record.inputs[2] or any(record.outputs[1:]):
+        return None
+    if not (isinstance(scores, ValueType) and isinstance(labels, ValueType) and len(scores.shape) == 2
+            and labels.shape == scores.shape[:1] and scores.shape[0] > 0):
+        return None
+    reduction = _attribute(record, "reduction", "mean")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("sum", "mean") or reduction == "mean" and "ignore_index" in record.attributes:
+        return None
+    entries = (("rows", scores.elem_type, scores.shape[1:]), ("rows", labels.elem_type, ()))
+    return ("loss", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 
 
 def _axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] | None:

@@ -20,7 +20,7 @@ from typing import Any
 from autobatch import cell, ops
 from autobatch.datasets import wikiner_sentences
 from autobatch.examples.common import (Params, Vocabulary, add_bilstm, argument_parser, bilstm, bilstm_rows, measure_losses,
-                                      run_all, summed_nll)
+                                      run_all)
 
 Sentence = Sequence[tuple[str, str]]
 
@@ -71,7 +71,7 @@ def tag_losses(vectors: Sequence[Any], tags: Sequence[int], p: Params, cells: bo
 def sequence_tag_losses(x: Any, tags: Sequence[int], p: Params) -> Any:
     """The summed NLL of a sentence given its word vectors as the rows of ``x [n, d]``."""
     states, _ = bilstm_rows(x, p, "w")
-    return summed_nll(ops.matmul(ops.tanh(ops.matmul(states, p["H"])), p["O"]), tags)
+    return ops.softmax_cross_entropy(ops.matmul(ops.tanh(ops.matmul(states, p["H"])), p["O"]), tags)
 
 
 def loss_sequences(sentence: Sentence, params: Params) -> Any:

@@ -150,14 +150,6 @@ def bilstm(xs: Sequence[Any], params: Params, prefix: str, cells: bool) -> list[
     return list(zip(forward, backward))
 
 
-def summed_nll(scores: Any, labels: Sequence[int]) -> Any:
-    """``sum_k -log_softmax(scores[k])[labels[k]]`` over the rows of ``scores [n, classes]``, in
-    ops over rows (which batch across instances of any ``n``)."""
-    gold = np.zeros(scores.shape, dtype=np.float32)
-    gold[np.arange(len(labels)), labels] = 1.0  # one-hot rows: pick each row's log-probability
-    return ops.neg(ops.reduce_sum(ops.reduce_sum(ops.mul(ops.log_softmax(scores), gold), axis=0)))
-
-
 # ----------------------------------------------------------------------------- timing harness
 @dataclass
 class Measurement:

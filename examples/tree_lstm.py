@@ -26,7 +26,7 @@ from typing import Any
 from autobatch import cell, fold_tree, ops
 from autobatch.datasets import Tree, sst_trees
 from autobatch.frontends.cells import Cell
-from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all, summed_nll
+from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all
 
 CLASSES = 5
 
@@ -126,7 +126,7 @@ def loss_fold(tree: Tree, params: Params) -> Any:
     leaf_cell = params.cell("leaf_state", lambda: cell(lambda x: leaf_state(x, params)))
     node_cell = params.cell("node_state", lambda: cell(lambda hl, cl, hr, cr: node_state(hl, cl, hr, cr, params)))
     h, _ = fold_tree(leaf_cell, node_cell, leaves, children)
-    return summed_nll(ops.matmul(h, params["W_out"]), [n.label for n in nodes])
+    return ops.softmax_cross_entropy(ops.matmul(h, params["W_out"]), [n.label for n in nodes])
 
 
 LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "fold": loss_fold}

@@ -364,6 +364,21 @@ def pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
     return neg(pick(log_softmax(scores), i))
 
 
+def softmax_cross_entropy(scores: Operand, labels: Sequence[int]) -> Tensor:
+    """``sum_k -log_softmax(scores[k])[labels[k]]`` over the rows of ``scores [n, C]``: ONNX's
+    SoftmaxCrossEntropyLoss summed, one op (which batches across instances of any ``n``)."""
+    (t,) = _tensors("SoftmaxCrossEntropyLoss", scores)
+    targets = np.asarray(labels)
+    if t.ndim != 2 or targets.shape != t.shape[:1] or targets.dtype.kind not in "iu" and targets.size:
+        raise TraceError(f"SoftmaxCrossEntropyLoss: scores must be [n, C] and labels n ints; got {t.shape} and "
+                         f"labels of shape {targets.shape}")
+    if targets.size and not (0 <= targets.min() and targets.max() < t.shape[1]):
+        raise TraceError(f"SoftmaxCrossEntropyLoss: labels {targets.min()}..{targets.max()} are not classes of "
+                         f"scores {t.shape}")
+    return t.batch.record("SoftmaxCrossEntropyLoss", [t, t.batch.indices(targets)], [()], [t.dtype],
+                          attributes(reduction="sum"))[0]
+
+
 def reduce_sum(x: Operand, axis: int | None = None) -> Tensor:
     (t,) = _tensors("ReduceSum", x)
     axes = list(range(t.ndim)) if axis is None else [axis + t.ndim if axis < 0 else axis]

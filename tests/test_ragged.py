@@ -201,3 +201,34 @@ def test_ragged_results_read_back_in_any_order_and_by_any_step(backend):
         np.testing.assert_allclose(values[j], np.exp(np.tanh(x)), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(values[k + j], -np.tanh(x), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(values[2 * k + j], np.exp(np.tanh(x)).sum(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_a_loss_over_rows_is_one_launch_for_every_length(backend, reduction):
+    """SoftmaxCrossEntropyLoss summed or averaged over each instance's rows: one value a row,
+    then each instance's sum or mean."""
+    loss = model(f'y = SoftmaxCrossEntropyLoss<reduction="{reduction}">(x, labels)',
+                 inputs="float[N, 4] x, int64[N] labels", outputs="float y")
+    session = autobatch.InferenceSession(loss, backend=backend)
+    rng = np.random.default_rng(8)
+    instances = [{"x": x["x"], "labels": rng.integers(0, 4, len(x["x"]))} for x in feeds(LENGTHS)]
+    assert_equal_alone(session, instances)
+    assert session.stats.report.launches == 1
+    assert_equal_alone(session, instances[:1])  # one instance: the same ragged step
+
+
+def test_traced_softmax_cross_entropy(backend):
+    rng = np.random.default_rng(9)
+    scores = [rng.standard_normal((n, 5)).astype(np.float32) for n in LENGTHS]
+    labels = [rng.integers(0, 5, n).tolist() for n in LENGTHS]
+    with Batch(backend=backend) as batch:
+        losses = [ops.softmax_cross_entropy(batch.constant(s), y) for s, y in zip(scores, labels)]
+        batch.run(losses)
+        with pytest.raises(autobatch.TraceError, match="not classes of scores"):
+            ops.softmax_cross_entropy(batch.constant(scores[0]), [5] * LENGTHS[0])
+        with pytest.raises(autobatch.TraceError, match="labels n ints"):
+            ops.softmax_cross_entropy(batch.constant(scores[0]), [0])
+    assert batch.reports[-1].launches == 1
+    for s, y, loss in zip(scores, labels, losses, strict=True):
+        log_p = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+        np.testing.assert_allclose(loss.value, -log_p[np.arange(len(y)), y].sum(), rtol=1e-5, atol=1e-5)
