@@ -15,7 +15,10 @@ not a gather per source batch plus a concat.
 
 Classes of a row-wise op that differ only in their length along axis 0 merge into one
 *ragged* class (``batcher.ragged``): its template is the op itself over the members' rows
-concatenated, and its step reads and writes one run of rows per length.
+concatenated, and its result is a *block*, an arena of its own with each member's rows after
+the last's, which a later ragged step over the same members reads as a view. Recurrent layers
+over sequences of different lengths run packed (``batcher.sequences``), tree folds level by
+level (``batcher.folds``).
 
 An op no rule batches, or a nondeterministic one, runs once per instance (a *solo* template:
 the op itself). A batch this path does not cover raises ``NotFlat`` naming why (a subgraph, a

@@ -1,17 +1,20 @@
 """Ragged batching: instances whose values differ in length along axis 0 (sentences of
 different lengths as ``[n, d]`` matrices) still batch where an op treats rows independently.
 Their rows are concatenated (no padding), the op runs once on ``[sum of n, ...]``, and the
-result is split back; a reduction over axis 0 reduces each instance's run of rows. The flat
+result stays one block, each instance's rows after the previous one's (``flat.Block``); a
+reduction over axis 0 reduces each instance's run of rows. The flat
 planner merges the signature classes that differ only in that length (``ragged_signature``).
 
 Row-wise here: elementwise ops whose per-instance operands all have one shape and whose shared
-operands do not reach axis 0 (a lower rank, or a size of 1 there); MatMul of a per-instance ``[n, k]`` by a shared
-``[k, m]``; Gemm of such an ``[n, k]`` (not transposed); Gather of a shared table by per-instance indices
-``[n]`` (embedding lookups); Softmax, LogSoftmax and LayerNormalization over a later axis;
-Concat of per-instance operands along a later axis; Unsqueeze and Squeeze of axes after axis 0; Flatten
-from axis 1. ReduceSum and
-ReduceMean over axis 0 alone are segment reductions. Recurrent layers over sequences of different
-lengths batch as packed sequences (``batcher.sequences``).
+operands do not reach axis 0 (a lower rank, or a size of 1 there); MatMul of a per-instance
+``[n, k]`` by a shared ``[k, m]``; Gemm of such an ``[n, k]`` (not transposed); Gather of a
+shared table by per-instance indices ``[n]`` (embedding lookups); Softmax, LogSoftmax and
+LayerNormalization over a later axis; Concat of per-instance operands along a later axis;
+Unsqueeze and Squeeze of axes after axis 0; Flatten from axis 1. ReduceSum and ReduceMean over
+axis 0 alone are segment reductions, and so is a SoftmaxCrossEntropyLoss summed or averaged over
+the rows (the loss of each row, then each instance's sum or mean). Recurrent layers over
+sequences of different lengths batch as packed sequences (``batcher.sequences``), and tree folds
+level by level (``batcher.folds``).
 """
 
 from __future__ import annotations
