@@ -177,7 +177,7 @@ class FlatExecutor:
             runner = self.runner(level.template)
             outputs = runner(feeds, baked[j]) if baked and baked[j] else runner(feeds)
             for state, value in zip(states, outputs):
-                state[level.nodes] = value
+                state[level.nodes] = value if level.repeat is None else value[level.repeat]
         return states
 
     def _launches(self, step: Step) -> list[tuple[Template, list[str], int]]:

@@ -558,7 +558,15 @@ class _Planner:
         leaf_rows, levels = tree_levels(matrices)  # type: ignore[arg-type]
         leaf_cell, node_cell = self._fold_cells(members[0])
         states = len(members[0].outputs)
-        launches = [self._fold_level(leaf_cell, len(leaf_rows), [(LEAF, slice(None))], leaf_rows)]
+        inputs = [self.literals.get(member.inputs[0]) for member in members]
+        if all(value is not None and value.ndim == 1 and value.dtype.kind in "iu" for value in inputs):
+            # Leaves read known ids (words): the leaf cell runs once an id, its states repeated.
+            _, first, repeat = np.unique(np.concatenate(inputs), return_index=True, return_inverse=True)  # type: ignore[arg-type]
+            leaf = self._fold_level(leaf_cell, len(first), [(LEAF, first)], leaf_rows)
+            leaf.repeat = repeat
+        else:
+            leaf = self._fold_level(leaf_cell, len(leaf_rows), [(LEAF, slice(None))], leaf_rows)
+        launches = [leaf]
         for nodes, left, right in levels:
             operands = [(k, left) for k in range(states)] + [(k, right) for k in range(states)]
             launches.append(self._fold_level(node_cell, len(nodes), operands, nodes))

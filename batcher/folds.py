@@ -38,12 +38,13 @@ class Fold:
 class Level:
     """One launch of a fold: ``template`` over the stacked ``operands`` (per operand: the index
     of the state it reads, ``LEAF`` for the leaf inputs, and its rows), writing every state's
-    ``nodes`` rows."""
+    ``nodes`` rows (row ``repeat[j]`` of its result for ``nodes[j]``, when set)."""
 
     template: Any  # flat.Template
     weights: list[str]  # per fed input of the template: the weight's name
     operands: list[tuple[int, np.ndarray | slice]]
     nodes: np.ndarray
+    repeat: np.ndarray | None = None  # the launch's row for each node (its members are distinct leaves)
 
 
 def tree_levels(matrices: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from autobatch import cell, fold_tree, ops
+from autobatch.batcher.folds import LEAF
 from autobatch.datasets import Tree, sst_trees
 from autobatch.frontends.cells import Cell
 from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all
@@ -119,14 +122,22 @@ def loss_cells(tree: Tree, params: Params) -> Any:
 def loss_fold(tree: Tree, params: Params) -> Any:
     """Summed node NLL of one tree: its states as one fold over its shape, the NLLs over rows."""
     vocabulary: Vocabulary = params.config["vocabulary"]
-    nodes = tree.nodes()  # children before parents
-    index = {id(n): k for k, n in enumerate(nodes)}
-    leaves = ops.lookup(params["E"], [vocabulary[n.word] for n in nodes if n.is_leaf])
-    children = [None if n.is_leaf else (index[id(n.left)], index[id(n.right)]) for n in nodes]
-    leaf_cell = params.cell("leaf_state", lambda: cell(lambda x: leaf_state(x, params)))
+    index: dict[int, int] = {}
+    words, children, labels = [], [], []  # children: two entries a node, LEAF twice for a leaf
+    for k, n in enumerate(tree.nodes()):  # children before parents
+        index[id(n)] = k
+        if n.is_leaf:
+            words.append(vocabulary[n.word])
+            children += (LEAF, LEAF)
+        else:
+            children += (index[id(n.left)], index[id(n.right)])
+        labels.append(n.label)
+    # The leaf cell reads a word id (its lookup inside): a word's leaf state is computed once a batch.
+    leaf_cell = params.cell("word_state", lambda: cell(lambda word: leaf_state(ops.lookup(params["E"], word), params)))
     node_cell = params.cell("node_state", lambda: cell(lambda hl, cl, hr, cr: node_state(hl, cl, hr, cr, params)))
-    h, _ = fold_tree(leaf_cell, node_cell, leaves, children)
-    return ops.softmax_cross_entropy(ops.matmul(h, params["W_out"]), [n.label for n in nodes])
+    shape = np.array(children, dtype=np.int64).reshape(-1, 2)
+    h, _ = fold_tree(leaf_cell, node_cell, np.array(words, dtype=np.int64), shape)
+    return ops.softmax_cross_entropy(ops.matmul(h, params["W_out"]), labels)
 
 
 LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "fold": loss_fold}

@@ -25,7 +25,9 @@ from autobatch.ir import ValueType
 def fold_tree(leaf: Cell, node: Cell, leaves: Tensor, children: Sequence[tuple[int, int] | None]) -> tuple[Tensor, ...]:
     """The states of every node of one binary tree, bottom up: ``leaf(x)`` for a leaf (``x`` the
     next row of ``leaves [L, d]``), ``node(*left_states, *right_states)`` for an internal node.
-    ``children[k]`` is None for a leaf, else the indices of node k's children, both before k.
+    ``children[k]`` is None for a leaf, else the indices of node k's children, both before k
+    (or ``children`` is an int array ``[nodes, 2]``, ``LEAF`` = -1 twice for a leaf). Leaves
+    given as ids (ints ``[L]``, the leaf cell reading one) are run once an id a batch.
     Returns each state of every node, in node order: ``[len(children), *state_shape]``. The
     flat path runs it (``Batch(flat=True)``, the default, on the CPU)."""
     (rows,) = _tensors(FOLD_TREE, leaves)
@@ -63,19 +65,26 @@ def _prepare(leaf: Cell, node: Cell, rows: Tensor) -> tuple[PreparedCall, Prepar
     return leaf_call, node_call
 
 
-def _children_matrix(children: Sequence[tuple[int, int] | None], rows: int) -> np.ndarray:
+def _children_matrix(children: Sequence[tuple[int, int] | None] | np.ndarray, rows: int) -> np.ndarray:
     """``[nodes, 2]`` int64: a node's children, ``LEAF`` twice for a leaf; checked."""
-    pairs = [(LEAF, LEAF) if pair is None else pair for pair in children]
     try:
-        matrix = np.array(pairs, dtype=np.int64).reshape(len(pairs), 2)
+        if isinstance(children, np.ndarray):
+            if children.dtype.kind not in "iu":
+                raise TypeError
+            matrix = children.astype(np.int64, copy=False).reshape(len(children), 2)
+        else:
+            pairs = [(LEAF, LEAF) if pair is None else pair for pair in children]
+            matrix = np.array(pairs, dtype=np.int64).reshape(len(pairs), 2)
     except (ValueError, TypeError):
-        raise TraceError(f"{FOLD_TREE}: children must be None or two node indices each, got {list(children)[:8]!r}") from None
+        raise TraceError(f"{FOLD_TREE}: children must be None or two node indices each (or an int array [n, 2], "
+                         f"{LEAF} for a leaf), got {list(children)[:8]!r}") from None
     internal = matrix[:, 0] != LEAF
     index = np.arange(len(matrix))[:, None]
     bad = internal & ~((matrix >= 0) & (matrix < index)).all(axis=1)
     if bad.any() or (matrix[~internal] != LEAF).any():
         k = int(np.flatnonzero(bad | ~internal & (matrix != LEAF).any(axis=1))[0])
-        raise TraceError(f"{FOLD_TREE}: node {k}'s children must be two indices of earlier nodes, got {children[k]!r}")
+        raise TraceError(f"{FOLD_TREE}: node {k}'s children must be two indices of earlier nodes, got "
+                         f"{tuple(matrix[k].tolist())}")
     leaves = len(matrix) - int(np.count_nonzero(internal))
     if leaves != rows:
         raise TraceError(f"{FOLD_TREE}: {leaves} leaves in the tree, {rows} rows of leaf inputs")

@@ -128,3 +128,33 @@ def test_the_general_path_says_a_fold_needs_the_flat_path():
         h, _ = fold_tree(leaf, node, batch.constant(np.zeros((2, D), np.float32)), [None, None, (0, 1)])
         with pytest.raises(TraceError, match="flat path only"):
             batch.run([h])
+
+
+def test_leaves_given_as_ids_run_once_an_id(backend):
+    """A leaf cell reading a word id (its lookup inside): each distinct id runs once a batch,
+    and every leaf gets its id's states. Children may be an int array, LEAF for a leaf."""
+    rng = np.random.default_rng(4)
+    table = Parameter(rng.standard_normal((6, D)).astype(np.float32))
+    _, node = cells(3)
+    W = Parameter(rng.standard_normal((D, 2 * S)).astype(np.float32))
+
+    @cell
+    def word(i):
+        h, c = ops.split(ops.tanh(ops.matmul(ops.lookup(table, i), W)), 2)
+        return h, c
+
+    trees = [random_tree(rng, n) for n in (5, 3, 8, 1)]
+    words = [rng.integers(0, 6, len([c for c in t if c is None])) for t in trees]  # ids repeat
+    shapes = [np.array([(LEAF, LEAF) if c is None else c for c in t], dtype=np.int64) for t in trees]
+    with Batch(backend=backend) as batch:
+        folded = [fold_tree(word, node, ids, shape) for ids, shape in zip(words, shapes)]
+        batch.run([t for states in folded for t in states])
+    fold_step = next(step for step in batch.last_plan.steps if step.fold)
+    assert len(fold_step.fold[0].nodes) == sum(map(len, words))  # every leaf written
+    assert fold_step.fold[0].repeat is not None and fold_step.fold[0].repeat.max() < len(np.unique(np.concatenate(words)))
+    with Batch(backend=backend) as batch:
+        expected = [node_by_node(word, node, batch.constant(ids), tree) for ids, tree in zip(words, trees)]
+        batch.run([t for states in expected for t in states])
+    for got, want in zip(folded, expected, strict=True):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g.value, w.value, rtol=1e-5, atol=1e-6)
