@@ -54,6 +54,16 @@ def node_by_node(leaf, node, rows, children):
     return [ops.stack([s[k] for s in states]) for k in range(2)]
 
 
+def assert_node_by_node(folded, leaf, node, inputs, trees, backend) -> None:
+    """Each fold's states equal its tree's cells run node by node, in a batch of their own."""
+    with Batch(backend=backend) as batch:
+        expected = [node_by_node(leaf, node, batch.constant(x), tree) for x, tree in zip(inputs, trees)]
+        batch.run([t for states in expected for t in states])
+    for got, want in zip(folded, expected, strict=True):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g.value, w.value, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("sizes", [[1, 3, 7, 2, 5, 9], [4, 4, 4]])  # trees of many shapes; of one size
 def test_folds_equal_their_cells_node_by_node(backend, sizes):
     leaf, node = cells()
@@ -65,12 +75,7 @@ def test_folds_equal_their_cells_node_by_node(backend, sizes):
         batch.run([t for states in folded for t in states])
     assert batch.general_path_reason is None
     assert batch.reports[-1].launches == 1  # one fold step for every tree
-    with Batch(backend=backend) as batch:
-        expected = [node_by_node(leaf, node, batch.constant(x), tree) for x, tree in zip(inputs, trees)]
-        batch.run([t for states in expected for t in states])
-    for got, want in zip(folded, expected, strict=True):
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g.value, w.value, rtol=1e-5, atol=1e-6)
+    assert_node_by_node(folded, leaf, node, inputs, trees, backend)
 
 
 def test_a_fold_alone_equals_it_batched():
@@ -152,9 +157,4 @@ def test_leaves_given_as_ids_run_once_an_id(backend):
     fold_step = next(step for step in batch.last_plan.steps if step.fold)
     assert len(fold_step.fold[0].nodes) == sum(map(len, words))  # every leaf written
     assert fold_step.fold[0].repeat is not None and fold_step.fold[0].repeat.max() < len(np.unique(np.concatenate(words)))
-    with Batch(backend=backend) as batch:
-        expected = [node_by_node(word, node, batch.constant(ids), tree) for ids, tree in zip(words, trees)]
-        batch.run([t for states in expected for t in states])
-    for got, want in zip(folded, expected, strict=True):
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g.value, w.value, rtol=1e-5, atol=1e-6)
+    assert_node_by_node(folded, word, node, words, trees, backend)
