@@ -34,10 +34,15 @@ class Tree:
         return self.word is not None
 
     def nodes(self) -> list[Tree]:
-        """Every node, children before parents."""
-        if self.is_leaf:
-            return [self]
-        return [*self.left.nodes(), *self.right.nodes(), self]
+        """Every node, children before parents (left subtree, right subtree, node)."""
+        order, stack = [], [self]
+        while stack:  # a node, then its right and left subtrees, reversed at the end
+            node = stack.pop()
+            order.append(node)
+            if node.word is None:
+                stack += (node.left, node.right)
+        order.reverse()
+        return order
 
     def leaves(self) -> list[Tree]:
         return [n for n in self.nodes() if n.is_leaf]

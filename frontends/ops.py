@@ -154,6 +154,8 @@ def matmul(a: Operand, b: Operand) -> Tensor:
 def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
     if not a or not b:
         return None
+    if len(a) <= 2 and len(b) == 2:  # the common case: no batch axes to broadcast
+        return (*a[:-1], b[1]) if a[-1] == b[0] else None
     a2, b2 = (1, *a) if len(a) == 1 else a, (*b, 1) if len(b) == 1 else b
     if a2[-1] != b2[-2]:
         return None
