@@ -142,7 +142,7 @@ class FlatExecutor:
                 baked = baked_by_step[k][0] if baked_by_step is not None else None
                 run = functools.partial(runner, baked=baked) if baked else runner
                 if template.sequences:  # a recurrent layer, chunk by chunk
-                    results = [_sequence_result(plan, write, step.size, len(stacked[0])) for write in step.writes]
+                    results = [_sequence_result(plan, write, step.size) for write in step.writes]
                     parts = step.chunked(self.sequence_chunk)
                     outputs = run_chunks(run, feeds, stacked[0], parts, template.sequences, results)
                 else:
@@ -221,12 +221,13 @@ def _block_array(plan: FlatPlan, write: Block) -> np.ndarray:
     return np.empty((plan.rows[write.arena], *shape), helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _sequence_result(plan: FlatPlan, write: Any, members: int, rows: int) -> np.ndarray:
+def _sequence_result(plan: FlatPlan, write: Any, members: int) -> np.ndarray:
     """Where a recurrent layer's step puts an output: ``Y``'s block (every row written), or a
     final state a member (zeros: an empty sequence keeps its initial state)."""
-    elem_type, shape = plan.kinds[write.arena if type(write) is Block else write[0]]
-    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
-    return np.empty((rows, *shape), dtype) if type(write) is Block else np.zeros((members, *shape), dtype)
+    if type(write) is Block:
+        return _block_array(plan, write)
+    elem_type, shape = plan.kinds[write[0]]
+    return np.zeros((members, *shape), helper.tensor_dtype_to_np_dtype(elem_type))
 
 
 def _read(arenas: list[np.ndarray], literals: Mapping[str, Any], arena: int, rows: Rows) -> np.ndarray:

@@ -373,8 +373,8 @@ class _Planner:
         if key not in _templates:
             attrs, segment = record.attributes, None
             if record.op_type == ROW_LOSS:  # a loss a row, then each member's sum or mean
-                segment = Segment(attribute_value(attrs["reduction"]) in ("mean", b"mean") if "reduction" in attrs
-                                  else True, keepdims=False)
+                mean = "reduction" not in attrs or _text(attribute_value(attrs["reduction"])) == "mean"
+                segment = Segment(mean, keepdims=False)
                 attrs = {**attrs, "reduction": helper.make_attribute("reduction", "none")}
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), attrs, list(record.inputs),
                         list(record.outputs), 0, "")
@@ -521,23 +521,21 @@ class _Planner:
         """Members ordered by length (stable: the order of an earlier ragged step over the same
         instances, whose blocks are then read as views)."""
         data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
-        members = sorted(members, key=lambda member: member.entries[data].shape[0])
-        lengths = [member.entries[data].shape[0] for member in members]
-        groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
-        bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
+        members, lengths, groups, bounds = _by_length(members, data)
         inputs = list(zip(*[member.inputs for member in members]))
         sequences = isinstance(template, Template) and template.sequences
         stacked = [data] if isinstance(template, Segment) or sequences else template.stacked
         reads = [self._ragged_read(inputs[i], bounds) for i in stacked]
         outputs = list(zip(*[member.outputs for member in members]))
-        if isinstance(template, Segment):  # one output, of one shape: K rows of one arena
+        # A reduction of each member's rows (a ReduceSum or ReduceMean itself, or a loss a row
+        # reduced): one output, of one shape, K rows of one arena.
+        segment = template if isinstance(template, Segment) else template.segment
+        if segment is not None:
             offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
-            return Step(None, len(members), reads, [], [self._write(members[0], 0, outputs[0], False)], offsets,
-                        groups, template)
-        if isinstance(template, Template) and template.segment is not None:  # a loss: one value a member
-            offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
-            return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed],
-                        [self._write(members[0], 0, outputs[0], False)], offsets, groups, template.segment)
+            run = template if isinstance(template, Template) else None
+            fed = [members[0].inputs[i] for i in run.fed] if run is not None else []
+            return Step(run, len(members), reads, fed, [self._write(members[0], 0, outputs[0], False)], offsets,
+                        groups, segment)
         # Every output a block, but a recurrent layer's final states: one row a member.
         writes = [self._block(members[0], k, names, lengths) if k == 0 or not sequences
                   else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]
@@ -547,10 +545,7 @@ class _Planner:
     def _fold_step(self, members: list[TraceRecord]) -> Step:
         """Every member's tree at once (``batcher.folds``): ordered by their numbers of leaves,
         their leaf inputs read as one run of rows, their states written as blocks."""
-        members = sorted(members, key=lambda member: member.entries[0].shape[0])
-        lengths = [member.entries[0].shape[0] for member in members]
-        groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
-        bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
+        members, _, groups, bounds = _by_length(members, 0)
         leaves = self._ragged_read([member.inputs[0] for member in members], bounds)
         matrices = [self.literals.get(member.inputs[1]) for member in members]
         if any(matrix is None for matrix in matrices):
@@ -602,14 +597,21 @@ class _Planner:
 
     def _ragged_read(self, names: Sequence[str], bounds: list[int]) -> tuple[int, Rows] | list[tuple[int, Rows]]:
         """Every member's rows, one after the other: those of one block, else group by group."""
-        runs = self.runs
-        if all(name in runs for name in names):
-            places = [self.location[name] for name in names]
-            arena = places[0] >> ROW_BITS
-            if all(place >> ROW_BITS == arena for place in places):
-                starts = np.array(places, dtype=np.int64) & ROW_MASK
-                return arena, _rows_of_runs(starts, np.array([runs[name] for name in names], dtype=np.int64))
+        block = self._one_block(names)
+        if block is not None:
+            arena, starts = block
+            return arena, _rows_of_runs(starts, np.array([self.runs[name] for name in names], dtype=np.int64))
         return [self._rows(names[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+
+    def _one_block(self, names: Sequence[str]) -> tuple[int, np.ndarray] | None:
+        """(the block, where each value's rows start) when every value is in one block; else None."""
+        if not all(name in self.runs for name in names):
+            return None
+        places = [self.location[name] for name in names]
+        arena = places[0] >> ROW_BITS
+        if any(place >> ROW_BITS != arena for place in places):
+            return None
+        return arena, np.array(places, dtype=np.int64) & ROW_MASK
 
     def _rows(self, names: Sequence[str]) -> tuple[int, Rows]:
         """The arena holding these values (one: they have one type) and their rows in it; for
@@ -629,11 +631,10 @@ class _Planner:
     def _rows_in_blocks(self, names: Sequence[str]) -> tuple[int, Rows]:
         """Values of one shape ``[length, ...]``, some or all kept in blocks: ``Runs`` of one
         block, else ``Pieces``."""
-        places = [self.location[name] for name in names]
-        arena = places[0] >> ROW_BITS
-        if all(name in self.runs for name in names) and all(place >> ROW_BITS == arena for place in places):
+        block = self._one_block(names)
+        if block is not None:
+            arena, starts = block
             length = self.runs[names[0]]
-            starts = np.array(places, dtype=np.int64) & ROW_MASK
             return arena, Runs(_rows_of_runs(starts, np.full(len(names), length)), length)
         return LITERALS, Pieces(self.where(name) for name in names)
 
@@ -683,6 +684,17 @@ class _Locations(dict):
 def _place(location: int) -> tuple[int, int]:
     """(arena, row) of a planner location."""
     return location >> ROW_BITS, location & ROW_MASK
+
+
+def _by_length(members: list[TraceRecord], data: int) -> tuple[list[TraceRecord], list[int], list[tuple[int, int]],
+                                                                list[int]]:
+    """Members ordered by the length of operand ``data`` (stably), their lengths, the groups of
+    one length (length, count) and where each group starts and ends."""
+    members = sorted(members, key=lambda member: member.entries[data].shape[0])
+    lengths = [member.entries[data].shape[0] for member in members]
+    groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
+    bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
+    return members, lengths, groups, bounds
 
 
 def _text(value: str | bytes) -> str:
