@@ -375,7 +375,7 @@ class Batch:
         attributes = attrs or _NO_ATTRIBUTES
         attributes_id = id(attributes)  # alive while the record is: no other attributes take it
         seen = None
-        if self.reuse_calls and not is_nondeterministic(op_type, domain, self.functions):
+        if self.reuse_calls and not is_nondeterministic(op_type, domain, self.functions, names):
             # The op, its attributes and its operands fix its outputs.
             seen = (op_type, domain, attributes_id, *names)
             if seen in self._calls:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +39,29 @@ def load_model(source: ModelSource) -> ModelProto:
             data, what, base_dir = path.read_bytes(), str(path), path.resolve().parent
         model = _parse(data, what)
     _check_tensor_sizes(model)
+    _check_opsets(model)
     _load_external_data(model, base_dir)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as error:
         raise OnnxImportError(f"invalid ONNX model: {error}") from None
     return model
+
+
+# The newest opset of each ONNX domain the installed onnx defines (its release's row).
+_, _, _DEFAULT_OPSET, _ML_OPSET, _TRAINING_OPSET = helper.VERSION_TABLE[-1]
+NEWEST_OPSETS = {"": onnx.defs.onnx_opset_version(), "ai.onnx": onnx.defs.onnx_opset_version(),
+                 "ai.onnx.ml": _ML_OPSET, "ai.onnx.training": _TRAINING_OPSET}
+
+
+def _check_opsets(model: ModelProto) -> None:
+    """Refuse an opset of an ONNX domain that the installed onnx does not define: no op of it
+    has a schema here, so nothing could check or run it."""
+    for opset in model.opset_import:
+        newest = NEWEST_OPSETS.get(opset.domain)
+        if newest is not None and not 1 <= opset.version <= newest:
+            raise OnnxImportError(f"opset {opset.version} of domain {opset.domain or 'ai.onnx'!r} is not one this onnx "
+                                  f"{onnx.__version__} defines (1 to {newest})")
 
 
 def _parse(data: bytes, what: str) -> ModelProto:
@@ -161,12 +178,11 @@ def inferred_types(model: ModelProto) -> dict[str, ValueType]:
 def from_onnx(source: ModelSource) -> Graph:
     """Import an ONNX model into the IR. Initializers become shared values."""
     model = load_model(source)
-    types = inferred_types(model)
     opsets = {o.domain: o.version for o in model.opset_import}
     if "ai.onnx" in opsets:  # both spellings name the default domain
         opsets.setdefault("", opsets.pop("ai.onnx"))
-    graph = Graph(model.graph.name or "graph", opsets)
-    graph.functions = {(f.domain, f.name): f for f in model.functions}
+    graph = _import_graph(model.graph, opsets, {(f.domain, f.name): f for f in model.functions},
+                          inferred_types(model))
     graph.meta = {
         "ir_version": model.ir_version,
         "producer_name": model.producer_name,
@@ -177,31 +193,52 @@ def from_onnx(source: ModelSource) -> Graph:
         "graph_doc_string": model.graph.doc_string,
         "metadata_props": {p.key: p.value for p in model.metadata_props},
     }
-    if model.graph.sparse_initializer:
+    return graph
+
+
+def subgraph_from_onnx(body: onnx.GraphProto, outer: Graph, captured: Sequence[str]) -> Graph:
+    """A control-flow body of ``outer`` as a graph of its own: the values it reads from the
+    enclosing scope (``captured``) become inputs after its own."""
+    proto = onnx.GraphProto()
+    proto.CopyFrom(body)
+    for name in captured:
+        value = outer.values.get(name)
+        vtype = value.type if value is not None else None
+        proto.input.append(helper.make_value_info(name, vtype.proto) if vtype is not None
+                           else helper.make_empty_tensor_value_info(name))
+    model = helper.make_model(proto, opset_imports=[helper.make_opsetid(d, v) for d, v in outer.opset_imports.items()],
+                              functions=list(outer.functions.values()))
+    return _import_graph(proto, dict(outer.opset_imports), dict(outer.functions), inferred_types(model))
+
+
+def _import_graph(proto: onnx.GraphProto, opsets: dict[str, int], functions: dict, types: dict[str, ValueType]) -> Graph:
+    graph = Graph(proto.name or "graph", opsets)
+    graph.functions = functions
+    if proto.sparse_initializer:
         raise OnnxImportError("sparse initializers are not supported; densify them first")
     initializer_names = set()
-    for tensor in model.graph.initializer:
+    for tensor in proto.initializer:
         try:
             array = onnx.numpy_helper.to_array(tensor)
         except (ValueError, TypeError) as error:
             raise OnnxImportError(f"initializer {tensor.name!r} cannot be read: {error}") from None
         graph.add_initializer(tensor.name, array)
         initializer_names.add(tensor.name)
-    for info in model.graph.input:
+    for info in proto.input:
         if info.name not in initializer_names:  # old models list initializers as inputs too
             graph.add_input(info.name, ValueType(info.type))
-    for proto in model.graph.node:
-        domain = "" if proto.domain == "ai.onnx" else proto.domain
+    for node in proto.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
         try:
             graph.add_node(
-                proto.op_type, list(proto.input), list(proto.output),
-                {a.name: a for a in proto.attribute}, domain=domain,
-                version=opsets.get(domain, 1), name=proto.name,
-                output_types=[types.get(o) for o in proto.output],
+                node.op_type, list(node.input), list(node.output),
+                {a.name: a for a in node.attribute}, domain=domain,
+                version=opsets.get(domain, 1), name=node.name,
+                output_types=[types.get(o) for o in node.output],
             )
         except ValidationError as error:
-            raise OnnxImportError(f"node {proto.name or proto.op_type!r}: {error}") from None
-    for info in model.graph.output:
+            raise OnnxImportError(f"node {node.name or node.op_type!r}: {error}") from None
+    for info in proto.output:
         graph.add_output(info.name)
         value = graph.values[info.name]
         if info.type.ByteSize() and value.const is None:

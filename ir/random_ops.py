@@ -3,7 +3,7 @@ repeats of one call: each call draws anew."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from onnx import FunctionProto
 
@@ -12,9 +12,13 @@ NONDETERMINISTIC = frozenset({
 })
 
 
-def is_nondeterministic(op_type: str, domain: str, functions: Mapping[tuple[str, str], FunctionProto]) -> bool:
-    """Whether every run of the op may differ: a random op, or a function calling one."""
+def is_nondeterministic(op_type: str, domain: str, functions: Mapping[tuple[str, str], FunctionProto],
+                        inputs: Sequence[str] = ()) -> bool:
+    """Whether every run of the op may differ: a random op, a Dropout given a training_mode
+    input (which may say to drop), or a function calling one of them. Even with a seed, a
+    random op's draws depend on the shape it draws for: batched, it would draw other numbers."""
     if not domain:
-        return op_type in NONDETERMINISTIC
+        return op_type in NONDETERMINISTIC or op_type == "Dropout" and len(inputs) > 2 and bool(inputs[2])
     function = functions.get((domain, op_type))
-    return function is not None and any(is_nondeterministic(n.op_type, n.domain, functions) for n in function.node)
+    return function is not None and any(is_nondeterministic(n.op_type, n.domain, functions, n.input)
+                                        for n in function.node)

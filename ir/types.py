@@ -59,12 +59,27 @@ class ValueType:
         return self._hash
 
     def __repr__(self) -> str:
-        if not self.is_tensor:
-            return onnx.printer.to_text(self.proto) if hasattr(onnx, "printer") else str(self.proto)
-        name = onnx.TensorProto.DataType.Name(self.elem_type) if self.elem_type else "?"
-        if self.shape is None:
+        return _type_text(self.proto)
+
+
+def _type_text(proto: TypeProto) -> str:
+    """``FLOAT[2,?]``, ``seq(FLOAT[5])``, ``optional(seq(INT64[...]))``, ``map(INT64, FLOAT[3])``."""
+    kind = proto.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        tensor = getattr(proto, kind)
+        name = onnx.TensorProto.DataType.Name(tensor.elem_type) if tensor.elem_type else "?"
+        if not tensor.HasField("shape"):
             return f"{name}[...]"
-        return f"{name}[{','.join('?' if d is None else str(d) for d in self.shape)}]"
+        dims = ("?" if d is None else str(d) for d in map(_dim, tensor.shape.dim))
+        return f"{'sparse ' if kind == 'sparse_tensor_type' else ''}{name}[{','.join(dims)}]"
+    if kind == "sequence_type":
+        return f"seq({_type_text(proto.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(proto.optional_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.TensorProto.DataType.Name(proto.map_type.key_type)
+        return f"map({key}, {_type_text(proto.map_type.value_type)})"
+    return "?"
 
 
 @functools.lru_cache(maxsize=65536)
@@ -82,6 +97,22 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
 
 def type_of_array(array: np.ndarray) -> ValueType:
     return ValueType.tensor(array.dtype, array.shape)
+
+
+def type_of_value(value: object) -> ValueType | None:
+    """The type of a value as a backend holds it: an array's tensor type, a list's sequence
+    type (of its elements' type; dimensions where they agree), None for an empty optional."""
+    if isinstance(value, list):
+        arrays = [np.asarray(v) for v in value]
+        if not arrays:
+            return None
+        shapes = {a.shape for a in arrays}
+        shape = next(iter(shapes)) if len(shapes) == 1 else None
+        element = helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(arrays[0].dtype), shape)
+        return ValueType(helper.make_sequence_type_proto(element))
+    if value is None:
+        return None
+    return type_of_array(np.asarray(value))
 
 
 def accepts(declared: ValueType, array: np.ndarray) -> str | None:
