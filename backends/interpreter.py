@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.backends import kernels
+from autobatch.backends import control_flow, kernels
 from autobatch.backends.reference_ops import ReferenceOps
 from autobatch.ir import Graph, Node, accepts, captured_names
 from autobatch.ir.graph import schema_version
@@ -50,6 +50,8 @@ class Interpreter:
         return None if since is None else kernels.lookup(node.domain, node.op_type, since)
 
     def _implementation(self, node: Node, reference: ReferenceOps) -> NodeImpl:
+        if node.op_type in control_flow.CONTROL_FLOW and not node.domain:
+            return control_flow.implementation(node, self.graph, Interpreter)
         kernel = self._kernel(node)
         if kernel is None:
             return reference.implementation(node)
@@ -138,7 +140,13 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, Any]:
     checked: dict[str, Any] = {}
     for name in graph.inputs:
         value, declared = feeds[name], graph.values[name].type
-        if isinstance(value, np.ndarray) and declared is not None and declared.is_tensor:
+        if isinstance(value, (np.generic, int, float, bool)):  # a NumPy or Python scalar: a 0-d tensor
+            value = np.asarray(value)
+        elif isinstance(value, list):  # a sequence: of tensors, 0-d ones too
+            value = [np.asarray(v) if isinstance(v, (np.generic, int, float, bool)) else v for v in value]
+        if declared is not None and declared.is_tensor:
+            if not isinstance(value, np.ndarray):
+                raise FeedError(f"input {name!r}: a {type(value).__name__} where a tensor is declared")
             problem = accepts(declared, value)
             if problem:
                 raise FeedError(f"input {name!r}: {problem}")

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import onnxruntime as ort
 from onnx import ModelProto
 from onnx.backend.base import Backend, BackendRep
 
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.numpy_backend import feeds_by_name
-from autobatch.backends.ort_runtime import CPU, CUDA, default_providers, session_options
+from autobatch.backends.ort_runtime import (
+    CPU, CUDA, NUMPY_LESS_TYPES, UnsupportedByOnnxruntime, default_providers, new_session, session_options,
+)
 from autobatch.ir import Graph, from_onnx, to_onnx
 
 
@@ -20,8 +21,13 @@ class OrtBackendRep(BackendRep):
 
     def __init__(self, graph: Graph, providers: Sequence[str], threads: int = 0) -> None:
         self.graph = graph
-        self.session = ort.InferenceSession(to_onnx(graph).SerializeToString(), session_options(threads),
-                                            providers=list(providers))
+        for name in [*graph.inputs, *graph.outputs]:
+            vtype = graph.values[name].type
+            if vtype is not None and vtype.is_tensor and vtype.elem_type in NUMPY_LESS_TYPES:
+                raise UnsupportedByOnnxruntime(
+                    f"{name!r} is {vtype!r}: onnxruntime's Python API takes and gives no bfloat16, float8 or "
+                    "4-bit arrays; run it on the numpy backend")
+        self.session = new_session(to_onnx(graph), session_options(threads), providers)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = check_feeds(self.graph, feeds_by_name(self.graph.inputs, inputs))

@@ -69,9 +69,10 @@ class OrtExecutor:
         self.device_values = cache.on_cuda if device_values is None else device_values
         self.numpy = Interpreter(graph)  # kernels for the NumPy steps, and the liveness
         order = graph.topological_order()
-        # Subgraph bodies name outer values, which segments rename: such nodes run in NumPy.
+        # Subgraph bodies name outer values, which segments rename, and segments take and give
+        # tensors only: such nodes run in NumPy, as do sequences and optionals (lists, None).
         in_numpy = {n.id for n in order
-                    if any(True for _ in n.subgraphs())
+                    if any(True for _ in n.subgraphs()) or not _tensors_only(graph, n)
                     or (not self.whole and is_data_movement(n))}
         self.steps: list[Segment | Node] = self._steps(order, in_numpy)
         self.stats = ExecutorStats(
@@ -188,7 +189,7 @@ class OrtExecutor:
         return counts
 
     def _run_segment(self, segment: Segment, values: list[Any]) -> list[Any]:
-        key = (segment.structure, tuple(_dtype_and_rank(v) for v in values))
+        key = (segment.structure, tuple(_input_spec(v) for v in values))
         session = self.cache.get(key, lambda: self._segment_model(segment, values))
         names = [f"in{i}" for i in range(len(values))]
         outputs = [f"out{i}" for i in range(len(segment.outputs))]
@@ -220,7 +221,8 @@ class OrtExecutor:
                                      [rename[n] if n else "" for n in node.outputs], domain=node.domain or None)
             proto.attribute.extend(node.attributes.values())
             nodes.append(proto)
-        inputs = [helper.make_tensor_value_info(f"in{i}", _elem_type(v), [None] * _dtype_and_rank(v)[1])
+        inputs = [helper.make_tensor_value_info(f"in{i}", _elem_type(v), [f"in{i}_{j}" if d is None else d
+                                                                          for j, d in enumerate(_input_spec(v)[1])])
                   for i, v in enumerate(values)]
         outputs = [helper.make_empty_tensor_value_info(f"out{i}") for i in range(len(segment.outputs))]
         constants = [onnx.numpy_helper.from_array(a, rename[n]) for n, a in segment.embedded.items()]
@@ -264,10 +266,21 @@ def _feedable(array: np.ndarray) -> bool:
     return array.dtype.type.__module__ == "numpy" and array.dtype.kind in "biufcUSO"
 
 
-def _dtype_and_rank(value: Any) -> tuple[str, int]:
+def _tensors_only(graph: Graph, node: Node) -> bool:
+    types = (graph.values[name].type for name in [*node.inputs, *node.outputs] if name)
+    return all(vtype is None or vtype.is_tensor for vtype in types)
+
+
+def _input_spec(value: Any) -> tuple[str, tuple[int | None, ...]]:
+    """A segment input's dtype and dimensions: none known, but the length of a 1-D integer
+    value (a shape, sizes, axes), whose length onnxruntime's shape inference reads."""
     if isinstance(value, ort.OrtValue):
-        return value.data_type(), len(value.shape())
-    return np.asarray(value).dtype.str, np.ndim(value)
+        dtype, shape = value.data_type(), tuple(value.shape())
+        integer = "int" in dtype
+    else:
+        array = np.asarray(value)
+        dtype, shape, integer = array.dtype.str, array.shape, array.dtype.kind in "iu"
+    return dtype, shape if integer and len(shape) == 1 else (None,) * len(shape)
 
 
 def _elem_type(value: Any) -> int:

@@ -16,6 +16,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from autobatch.ir import Recent
+from autobatch.ir.onnx_io import max_onnxruntime_ir_version
 
 log = logging.getLogger("autobatch.onnxruntime")
 
@@ -50,13 +51,51 @@ def default_providers() -> tuple[str, ...]:
     return providers
 
 
-def _identity_model() -> onnx.ModelProto:
+def _identity_model(opset: int = 13) -> onnx.ModelProto:
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7
     return model
+
+
+# Element types onnxruntime's Python API neither takes from NumPy nor returns.
+NUMPY_LESS_TYPES = frozenset(getattr(TensorProto, name) for name in (
+    "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "INT4", "UINT4",
+    "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, name))
+
+
+class UnsupportedByOnnxruntime(ValueError):
+    """A model the installed onnxruntime cannot load (its IR version or opset is too new)."""
+
+
+def new_session(model: onnx.ModelProto, options: ort.SessionOptions, providers: Sequence[str]) -> ort.InferenceSession:
+    """An onnxruntime session, refused in one line where onnxruntime would fail with a long
+    message because the model is newer than it."""
+    newest = max_onnxruntime_opset()
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if model.ir_version > max_onnxruntime_ir_version() or opset > newest:
+        raise UnsupportedByOnnxruntime(
+            f"onnxruntime {ort.__version__} runs opsets up to {newest} (IR version {max_onnxruntime_ir_version()}); "
+            f"this model needs opset {opset} (IR version {model.ir_version}): run it on the numpy backend")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+
+
+@functools.cache
+def max_onnxruntime_opset() -> int:
+    """The newest opset of the default domain the installed onnxruntime loads (probed once)."""
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 4
+    for opset in range(onnx.defs.onnx_opset_version(), 6, -1):
+        probe = _identity_model(opset)
+        probe.ir_version = min(helper.find_min_ir_version_for(list(probe.opset_import)), max_onnxruntime_ir_version())
+        try:
+            ort.InferenceSession(probe.SerializeToString(), quiet, providers=[CPU])
+            return opset
+        except Exception:  # onnxruntime raises its own Fail type for an opset it does not know
+            continue
+    return 7
 
 
 def session_options(threads: int = 0, spinning: bool = False) -> ort.SessionOptions:
@@ -97,7 +136,7 @@ class SessionCache:
             self.stats.cache_hits += 1
             return session
         start = time.perf_counter()
-        session = ort.InferenceSession(build().SerializeToString(), self.options, providers=list(self.providers))
+        session = new_session(build(), self.options, self.providers)
         self.stats.seconds_creating += time.perf_counter() - start
         self.stats.sessions_created += 1
         self._sessions[key] = session

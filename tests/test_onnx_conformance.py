@@ -11,11 +11,6 @@ from autobatch.backends import NumpyBackend
 # Each exclusion and why. onnx's own ReferenceEvaluator fails all of these as well.
 EXCLUDED: dict[str, str] = {
     r"^test_bernoulli": "Bernoulli draws random numbers: outputs cannot match the stored ones",
-    r"^test_scatter_with_axis|^test_scatter_without_axis": "Scatter (deprecated in opset 11) has no "
-    "onnx.reference implementation",
-    r"^test_scan_sum": "Scan-8 with its optional sequence_lens omitted: onnx.reference hands None to the body",
-    r"^test_range_.*_expanded": "the function-expanded Range (a Loop) comes out of onnx.reference with shape "
-    "[n, 1] instead of [n]",
     r"^test_if_opt|^test_loop16_seq_none": "the outputs are optional sequences, which the onnx test runner "
     "itself cannot compare (TypeError in assert_similar_outputs)",
 }

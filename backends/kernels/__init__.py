@@ -14,6 +14,6 @@ from __future__ import annotations
 from autobatch.backends.kernels.registry import NodeContext, kernel, lookup, registered_kernels
 
 # Importing the kernel modules fills the registry.
-from autobatch.backends.kernels import elementwise, linalg, reduce, rnn, shape_ops, conv  # noqa: E402,F401
+from autobatch.backends.kernels import conv, elementwise, indexing, linalg, optional, reduce, resize, rnn, shape_ops  # noqa: E402,F401
 
 __all__ = ["NodeContext", "kernel", "lookup", "registered_kernels"]
