@@ -22,7 +22,8 @@ from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
 from autobatch.batcher.fold import constant_value, constants_to_initializers
 from autobatch.frontends.onnx_control_flow import unroll_instance
-from autobatch.ir import Graph, Recent, ValueType, from_onnx
+from autobatch.ir import Graph, Recent, from_onnx
+from autobatch.ir.types import type_of_value
 
 BACKENDS = ("numpy", "onnxruntime")
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -252,8 +253,11 @@ class InferenceSession:
         if graph is None:
             graph = Graph.union([self.graph], rename=lambda _k, name: name)
             constants_to_initializers(graph)
+            for value in graph.values.values():  # declared shapes are hints: they would size slots
+                if value.const is None:
+                    value.type = None
             for name, value in feeds.items():
-                graph.values[name].type = ValueType.tensor(np.asarray(value).dtype, np.shape(value))
+                graph.values[name].type = type_of_value(value)
             graph.infer_shapes()
             self._typed[key] = graph
         return graph
@@ -313,4 +317,13 @@ def _is_constant(graph: Graph, name: str) -> bool:
 
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:
-    return tuple((name, np.asarray(v).dtype.str, np.shape(v)) for name, v in sorted(feeds.items()))
+    return tuple((name, _value_key(value)) for name, value in sorted(feeds.items()))
+
+
+def _value_key(value: Any) -> tuple:
+    """What a plan depends on in a value: a tensor's dtype and shape, a sequence's elements'."""
+    if isinstance(value, list):
+        return ("sequence", *map(_value_key, value))
+    if value is None:
+        return ("none",)
+    return value.dtype.str, value.shape

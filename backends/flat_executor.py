@@ -20,7 +20,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import NodeExecutionError, describe
-from autobatch.backends.ort_runtime import SessionCache
+from autobatch.backends.ort_runtime import SessionCache, new_session
 from autobatch.batcher.folds import LEAF
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
@@ -56,7 +56,7 @@ class OrtTemplate:
     def _session(self, model: ModelProto) -> ort.InferenceSession:
         # onnxruntime validates the model itself; onnx.checker would refuse a model-local function
         # imported at another opset than the model (a cell made from an older ONNX model).
-        return ort.InferenceSession(model.SerializeToString(), self.cache.options, providers=list(self.cache.providers))
+        return new_session(model, self.cache.options, self.cache.providers)
 
     def __call__(self, feeds: dict[str, Any], baked: Mapping[str, Snapshot] | None = None) -> list[Any]:
         """``baked``: the stable weights among the feeds, by input name (only those in ``bakeable``)."""
@@ -153,11 +153,14 @@ class FlatExecutor:
             ran = clock()
             for write, value in zip(step.writes, outputs):
                 if type(write) is Block:
+                    elem_type, shape = plan.kinds[write.arena]
+                    _fits(value, (plan.rows[write.arena], *shape), helper.tensor_dtype_to_np_dtype(elem_type), step)
                     arenas[write.arena] = value
-                elif template is not None and template.once:
-                    arenas[write[0]][write[1]] = value
                 else:
-                    arenas[write[0]][write[1]:write[1] + step.size] = value
+                    slot = arenas[write[0]][write[1], ...] if template is not None and template.once else \
+                        arenas[write[0]][write[1]:write[1] + step.size]  # views, 0-d ones too
+                    _fits(value, slot.shape, slot.dtype, step)
+                    slot[...] = value
             gather += gathered - begin
             kernels += ran - gathered
             scatter += clock() - ran
@@ -214,6 +217,18 @@ class FlatExecutor:
                     stable[name] = snapshot
         return [[{feed: stable[name] for feed, name in pairs if name in stable} for pairs in per_template]
                 for per_template in bakeable_by_step]
+
+
+class SlotMismatch(NodeExecutionError):
+    """A step's result does not fit the rows the plan gave it: the plan's shapes (from shape
+    inference) are wrong for these values. Never broadcast into the slot: that hides it."""
+
+
+def _fits(value: Any, shape: tuple[int, ...], dtype: np.dtype, step: Step) -> None:
+    if not isinstance(value, np.ndarray) or value.shape != shape or value.dtype != dtype:
+        name = step.template.graph.name if step.template is not None else "a reduction"
+        raise SlotMismatch(f"{name} returned {describe([value])[1:-1]} where the plan has room for "
+                           f"{np.dtype(dtype)}{list(shape)}")
 
 
 def _block_array(plan: FlatPlan, write: Block) -> np.ndarray:

@@ -326,7 +326,7 @@ class _Planner:
 
     def _own_template(self, record: TraceRecord) -> Template | str | None:
         """The template of a record's own class: its rule's, else the op for one member at a time."""
-        if is_nondeterministic(record.op_type, record.domain, self.functions):  # every run draws anew
+        if is_nondeterministic(record.op_type, record.domain, self.functions, record.inputs):  # every run draws anew
             return self._template(record, None, solo=True)
         return self._template(record, None) or self._template(record, None, solo=True)
 
@@ -509,8 +509,8 @@ class _Planner:
             template = self._template(first, len(members))
             if not isinstance(template, Template):
                 raise NotFlat(f"no batching rule takes {first.op_type} for {len(members)} instances")
-        if template.solo:  # one member: its own rows, not stacks
-            reads = [_place(self.location[first.inputs[i]]) for i in template.stacked]
+        if template.solo:  # one member: its own value (all of its rows where it is kept in a block)
+            reads = [self.where(first.inputs[i]) for i in template.stacked]
         else:
             inputs = list(zip(*[member.inputs for member in members]))  # per input, its name in each member
             reads = [self._rows(inputs[i]) for i in template.stacked]

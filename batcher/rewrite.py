@@ -103,10 +103,12 @@ def output_shapes(graph: Graph, node: Node) -> list[Shape]:
 
 def has_rule(graph: Graph, node: Node) -> bool:
     """Whether the op's rule batches this node's signature class (decided on a dry run)."""
-    if is_nondeterministic(node.op_type, node.domain, graph.functions):
+    if is_nondeterministic(node.op_type, node.domain, graph.functions, node.inputs):
         return False
     if sum_of_terms(graph, node):
         return True
+    if not all(_is_tensor(graph, name) for name in [*node.inputs, *node.outputs] if name):
+        return False  # sequences and optionals are Python lists and None: no stacking them
     ins = operands(graph, node)
     if not any(o is not None and o.stacked for o in ins):
         return True  # identical inputs: one run serves every member
@@ -120,6 +122,11 @@ def has_rule(graph: Graph, node: Node) -> bool:
         return rule(DryEmitter(), node, ins, outs) is not None
     except (ValueError, TypeError, IndexError, KeyError, AssertionError):
         return False
+
+
+def _is_tensor(graph: Graph, name: str) -> bool:
+    vtype = graph.values[name].type
+    return vtype is None or vtype.is_tensor
 
 
 @dataclass

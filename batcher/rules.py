@@ -91,6 +91,10 @@ FIRST_BROADCASTING_VERSION = 7  # before opset 7, binary ops broadcast by an axi
 def elementwise(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
     if node.op_type in BROADCASTING and node.version < FIRST_BROADCASTING_VERSION:
         return None
+    if node.op_type == "CastLike" and not ins[0].stacked:  # type: ignore[union-attr]
+        # The result has the shape of the (shared) value cast, whatever the target: one for all.
+        cast = e.op("CastLike", [ins[0].name, ins[1].name])[0]  # type: ignore[union-attr]
+        return [_broadcast_to_batch(e, cast, outs[0], ins[1].name)]  # type: ignore[union-attr]
     rank = len(outs[0])
     args = []
     for operand in ins:
@@ -183,11 +187,16 @@ def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | None:
         if part.stacked:
             names.append(part.name)
         else:
-            lifted = e.op("Reshape", [part.name, e.const(np.array([1, *part.shape], dtype=np.int64))])[0]
-            shape = e.op("Concat", [_batch_size(e, stacked), e.const(np.array(part.shape, dtype=np.int64))], {"axis": 0})
-            names.append(e.op("Expand", [lifted, shape[0]])[0])
+            names.append(_broadcast_to_batch(e, part.name, part.shape, stacked))
     axis = _shift([node.attr("axis", 1 if node.version < 4 else 0)], parts[0].rank)[0]
     return e.op("Concat", names, {"axis": axis})
+
+
+def _broadcast_to_batch(e: Emitter, shared: str, shape: Shape, stacked: str) -> str:
+    """A shared value of ``shape`` repeated for every instance of the batch of ``stacked``."""
+    lifted = e.op("Reshape", [shared, e.const(np.array([1, *shape], dtype=np.int64))])[0]
+    full = e.op("Concat", [_batch_size(e, stacked), e.const(np.array(shape, dtype=np.int64))], {"axis": 0})[0]
+    return e.op("Expand", [lifted, full])[0]
 
 
 def _batch_size(e: Emitter, stacked: str, scalar: bool = False) -> str:

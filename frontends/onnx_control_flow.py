@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, helper, numpy_helper
 
-from autobatch.ir import Graph, Node, attribute_value, captured_names, type_of_array
+from autobatch.ir import Graph, Node, attribute_value, captured_names
+from autobatch.ir.types import type_of_value
 
 Scope = ChainMap  # name in the source (graph or body) -> name in the unrolled graph
 
@@ -53,8 +54,9 @@ class _Unroller:
         self.node_names = {node.name for node in graph.nodes.values() if node.name}
         self.unrolling: list[str] = []  # control-flow nodes being unrolled, for error messages
         for name in graph.inputs:
-            self.known[name] = np.asarray(feeds[name])
-            self.out.add_input(name, type_of_array(self.known[name]))
+            value = feeds[name]
+            self.known[name] = value if value is None or isinstance(value, list) else np.asarray(value)
+            self.out.add_input(name, type_of_value(self.known[name]))
         for name, array in graph.initializers().items():
             self.out.add_initializer(name, array)
 
@@ -70,9 +72,9 @@ class _Unroller:
         self.out.infer_shapes()
         for name, value in self.out.values.items():  # what inference missed (opaque nodes' outputs)
             if value.type is None or not value.type.is_static:
-                array = self.evaluate(name)
-                if array is not None:
-                    value.type = type_of_array(np.asarray(array))
+                known = self.evaluate(name)
+                if known is not None:
+                    value.type = type_of_value(known)
         return self.out
 
     def remove_dead_nodes(self) -> None:

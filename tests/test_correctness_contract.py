@@ -1,0 +1,167 @@
+"""Regression tests of the correctness contract: each case once gave a wrong result batched, or
+batched and alone disagreed, or a result was broadcast into a slot sized by a declaration."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from autobatch import InferenceSession
+from autobatch.backends import Interpreter
+from autobatch.ir import OnnxImportError, from_onnx
+from tests.oracle import assert_batched_equals_alone
+
+BACKENDS = ["numpy", "onnxruntime"]
+
+
+def parse(text: str) -> onnx.ModelProto:
+    return onnx.parser.parse_model(text)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_op_without_a_rule_reads_every_row_of_a_ragged_value(backend):
+    """Relu batches instances of 1 and 2 rows as one block; TopK (no rule) ran on one row of it:
+    NumPy gave [[9, 8], [9, 8]] for the second instance, onnxruntime 'Invalid rank'."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3] x) => (float[N, 2] v, int64[N, 2] i) <int64[1] k = {2}> {
+            r = Relu(x)
+            v, i = TopK<axis = 1>(r, k)
+        }""")
+    session = InferenceSession(model, backend=backend)
+    instances = [{"x": np.array([[9, 8, 1]], np.float32)},
+                 {"x": np.array([[9, 8, 7], [6, 4, 1]], np.float32)},
+                 {"x": np.array([[1, 2, 3], [6, 5, 4], [0, 0, 7]], np.float32)}]
+    batched = assert_batched_equals_alone(session, instances)
+    assert session.general_path_reason is None
+    np.testing.assert_array_equal(batched[1][0], [[9, 8], [6, 4]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_declared_output_shape_does_not_size_the_result(backend):
+    """NonZero declared int64[1, 2]: alone [[2]], batched it came back as [[2, 2]]."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[3] x) => (int64[1, 2] y) { y = NonZero(x) }""")
+    session = InferenceSession(model, backend=backend)
+    batched = assert_batched_equals_alone(session, [{"x": np.array([0, 0, 1], np.float32)},
+                                                    {"x": np.array([1, 0, 1], np.float32)}])
+    assert batched[0][0].tolist() == [[2]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_value_info_that_lies_about_rows_is_ignored(backend):
+    """The model says [5, 3] but computes [N, 3]: it came back as 5 rows."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 3] x) => (float[5, 3] y) <float[5, 3] h> { h = Relu(x)  y = Neg(h) }""")
+    model.graph.value_info.extend([onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT, [5, 3])])
+    del model.graph.initializer[:]
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(0)
+    instances = [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (2, 4, 2)]
+    batched = assert_batched_equals_alone(session, instances)
+    assert [b[0].shape for b in batched] == [(2, 3), (4, 3), (2, 3)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resize_by_scales_of_each_instance(backend):
+    """Every Resize with scales crashed batched: 'could not broadcast' into the declared shape."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 19]>
+        g (float[1, 1, 2, 2] x, float[4] scales) => (float[1, 1, 4, 4] y) {
+            y = Resize<mode = "nearest">(x, , scales)
+        }""")
+    session = InferenceSession(model, backend=backend)
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    instances = [{"x": x, "scales": np.array(s, np.float32)} for s in ([1, 1, 2, 2], [1, 1, 1.5, 3], [1, 1, 2, 2])]
+    batched = assert_batched_equals_alone(session, instances)
+    assert batched[1][0].shape == (1, 1, 3, 6)
+
+
+def test_a_result_that_does_not_fit_its_slot_raises():
+    """The executor never broadcasts a result into the rows planned for it."""
+    from autobatch.backends.flat_executor import SlotMismatch, _fits
+    from autobatch.batcher.flat import Step
+
+    with pytest.raises(SlotMismatch, match=r"float32\[1, 1\] where the plan has room for float32\[1, 2\]"):
+        _fits(np.zeros((1, 1), np.float32), (1, 2), np.dtype(np.float32), Step(None, 1, [], [], []))
+
+
+LOOP_WITHOUT_CONDITION = """<ir_version: 8, opset_import: ["" : 17]>
+    g (int64 m, float[2] x) => (float[2] y, float[N, 2] scanned) {
+        y, scanned = Loop(m, , x) <body = step (int64 i, bool c, float[2] h) => (bool c_out, float[2] h2, float[2] s) {
+            c_out = Identity(c)
+            h2 = Add(h, h)
+            s = Identity(h)
+        }>
+    }"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loop_without_a_condition_runs_its_trip_count(backend):
+    """Loop(M, "") is a for loop: onnx.reference ran it 0 times alone, batched ran 5."""
+    session = InferenceSession(parse(LOOP_WITHOUT_CONDITION), backend=backend)
+    instances = [{"m": np.array(m, np.int64), "x": np.array([1, -1], np.float32)} for m in (5, 2)]
+    batched = assert_batched_equals_alone(session, instances)
+    np.testing.assert_array_equal(batched[0][0], [32, -32])
+    assert batched[0][1].shape == (5, 2)
+
+
+def test_the_interpreter_runs_loops_as_the_spec_says():
+    graph = from_onnx(parse(LOOP_WITHOUT_CONDITION))
+    y, scanned = Interpreter(graph).run({"m": np.array(3, np.int64), "x": np.array([1, 2], np.float32)})
+    np.testing.assert_array_equal(y, [8, 16])
+    np.testing.assert_array_equal(scanned, [[1, 2], [2, 4], [4, 8]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_castlike_of_a_shared_value_keeps_the_batch_axis(backend):
+    """CastLike(shared constant, per-instance value) lost the batch axis (18 node cases)."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 19]>
+        g (float[4] x) => (float[4] y) <double[4] alpha = {1.5, -2, 0.25, 3}> {
+            a = CastLike(alpha, x)
+            y = Mul(a, x)
+        }""")
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(1)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal(4).astype(np.float32)} for _ in range(3)])
+    assert session.general_path_reason is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_if_with_a_sequence_output_batches(backend):
+    """An If whose branches give sequences was stacked with Reshape, as if a tensor."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 13]>
+        g (bool c, float[3] x) => (seq(float[3]) out) {
+            out = If(c) <then_branch = t () => (seq(float[3]) a) { a = SequenceConstruct(x) },
+                         else_branch = e () => (seq(float[3]) b) { n = Neg(x)  b = SequenceConstruct(n, x) }>
+        }""")
+    session = InferenceSession(model, backend=backend)
+    x = np.array([1, 2, 3], np.float32)
+    batched = assert_batched_equals_alone(session, [{"c": np.array(flag), "x": x} for flag in (True, False, True)])
+    assert len(batched[1][0]) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sequences_and_optionals_as_inputs(backend):
+    model = parse("""<ir_version: 8, opset_import: ["" : 18]>
+        g (seq(float[N]) s) => (float[M] y, bool has) {
+            y = ConcatFromSequence<axis = 0>(s)
+            o = Optional(y)
+            has = OptionalHasElement(o)
+        }""")
+    session = InferenceSession(model, backend=backend)
+    instances = [{"s": [np.ones(2, np.float32), np.zeros(3, np.float32)]}, {"s": [np.arange(4, dtype=np.float32)]}]
+    batched = assert_batched_equals_alone(session, instances)
+    assert batched[0][0].shape == (5,) and bool(batched[1][1])
+
+
+def test_types_of_sequences_and_optionals_print():
+    graph = from_onnx(parse("""<ir_version: 8, opset_import: ["" : 18]>
+        g (seq(float[N]) s) => (optional(seq(float[N])) o) { o = Optional(s) }"""))
+    assert "seq(FLOAT[N])" in str(graph) and "optional(seq(FLOAT[N]))" in str(graph)
+
+
+def test_an_opset_newer_than_onnx_is_refused():
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]>  g (float[2] x) => (float[2] y) { y = Relu(x) }""")
+    model.opset_import[0].version = 999
+    with pytest.raises(OnnxImportError, match="opset 999 of domain 'ai.onnx' is not one this onnx"):
+        InferenceSession(model)
