@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from autobatch.backends.nan_reductions import propagate_nans
 from autobatch.ir import Recent
 from autobatch.ir.onnx_io import max_onnxruntime_ir_version
 
@@ -72,14 +73,15 @@ class UnsupportedByOnnxruntime(ValueError):
 
 def new_session(model: onnx.ModelProto, options: ort.SessionOptions, providers: Sequence[str]) -> ort.InferenceSession:
     """An onnxruntime session, refused in one line where onnxruntime would fail with a long
-    message because the model is newer than it."""
+    message because the model is newer than it; its max and min reductions let a NaN win, as
+    the spec says (``backends.nan_reductions``)."""
     newest = max_onnxruntime_opset()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if model.ir_version > max_onnxruntime_ir_version() or opset > newest:
         raise UnsupportedByOnnxruntime(
             f"onnxruntime {ort.__version__} runs opsets up to {newest} (IR version {max_onnxruntime_ir_version()}); "
             f"this model needs opset {opset} (IR version {model.ir_version}): run it on the numpy backend")
-    return ort.InferenceSession(model.SerializeToString(), options, providers=list(providers))
+    return ort.InferenceSession(propagate_nans(model).SerializeToString(), options, providers=list(providers))
 
 
 @functools.cache

@@ -165,3 +165,28 @@ def test_an_opset_newer_than_onnx_is_refused():
     model.opset_import[0].version = 999
     with pytest.raises(OnnxImportError, match="opset 999 of domain 'ai.onnx' is not one this onnx"):
         InferenceSession(model)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ArgMax", "ArgMin"])
+def test_max_and_min_over_nan_agree_batched_alone_and_across_backends(op):
+    """onnxruntime's kernels skip or keep a NaN by the shape and memory alignment of their input
+    (ReduceMin over NaN disagreed batched and alone); ours let a NaN win, as NumPy does."""
+    call = f"{op}<keepdims = 0>(x, axes)" if op.startswith("Reduce") else f"{op}<axis = 1, keepdims = 0>(x)"
+    out = "float[N] y" if op.startswith("Reduce") else "int64[N] y"
+    model = parse(f"""<ir_version: 8, opset_import: ["" : 18]>
+        g (float[N, 37] x) => ({out}) <int64[1] axes = {{1}}> {{ y = {call} }}""")
+    rng = np.random.default_rng(0)
+    instances = []
+    for _ in range(12):
+        x = rng.standard_normal((3, 37)).astype(np.float32)
+        x[rng.random(x.shape) < 0.1] = np.nan
+        instances.append({"x": x})
+    expected = {"ReduceMax": np.max, "ReduceMin": np.min, "ArgMax": np.argmax, "ArgMin": np.argmin}[op]
+    for backend in BACKENDS:
+        session = InferenceSession(model, backend=backend)
+        batched = assert_batched_equals_alone(session, instances)
+        for instance, outputs in zip(instances, batched):
+            np.testing.assert_array_equal(outputs[0], expected(instance["x"], axis=1))
+        buffer = np.empty(3 * 37 + 3, np.float32)[3:].reshape(3, 37)  # another alignment in memory
+        buffer[...] = instances[0]["x"]
+        np.testing.assert_array_equal(session.run(None, {"x": buffer})[0], expected(buffer, axis=1))
