@@ -21,6 +21,7 @@ from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
 from autobatch.batcher.fold import constant_value, constants_to_initializers
+from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.types import type_of_value
@@ -100,11 +101,11 @@ class InferenceSession:
         self._plans: Recent = Recent(PLANS_KEPT)  # mix of input signatures -> _Plan
         # Control flow is unrolled per instance from its values, so such plans are not reused.
         self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
+        self._interpreter = Interpreter(self.graph)
+        self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
         if backend == "onnxruntime":
             self.cache = SessionCache(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
-        else:
-            self._single = Interpreter(self.graph)
         self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
         # Batches take the flat path where it applies (not with control flow: each batch unrolls
         # its own graph); per input signature, a flat plan or why the general path is taken.
@@ -122,10 +123,19 @@ class InferenceSession:
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         """One instance, unbatched."""
-        if self.backend == "onnxruntime":
+        if self.backend == "onnxruntime" and not self._empty_recurrent_layer(feeds):
             outputs = dict(zip(self.graph.outputs, self._single.run(dict(feeds))))
             return [outputs[name] for name in self._output_names(output_names)]
-        return self._single.run(feeds, output_names)
+        return self._interpreter.run(feeds, output_names)
+
+    def _empty_recurrent_layer(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether an LSTM, GRU or RNN of the model runs over no steps or no sequences for these
+        feeds: onnxruntime aborts the process on those (the NumPy interpreter runs them)."""
+        if not self._recurrent:
+            return False
+        graph = self._typed_graph(check_feeds(self.graph, feeds))
+        return any(node.op_type in RECURRENT and not node.domain and _has_no_elements(graph, node.inputs[0])
+                   for node in graph.nodes.values())
 
     def run_batch(self, output_names: Sequence[str] | None,
                   feeds_list: Sequence[Mapping[str, Any]]) -> list[list[np.ndarray]]:
@@ -305,6 +315,11 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
             return None
         return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers), WEIGHT_SNAPSHOTS)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _has_no_elements(graph: Graph, name: str) -> bool:
+    vtype = graph.values[name].type
+    return vtype is not None and vtype.shape is not None and 0 in vtype.shape
 
 
 def _is_constant(graph: Graph, name: str) -> bool:

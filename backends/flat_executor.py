@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnx import ModelProto, helper, numpy_helper
 
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
-from autobatch.backends.interpreter import NodeExecutionError, describe
+from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache, new_session
 from autobatch.batcher.folds import LEAF
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
@@ -48,6 +48,10 @@ class OrtTemplate:
                                   for i in PACKED_INPUTS.get(node.op_type, ()) if node.inputs[i] in fed)
         self._fed: ort.InferenceSession | None = None  # made when first needed: a template may only ever run baked
         self._baked: Recent = Recent(BAKED_SESSIONS_KEPT)
+        # onnxruntime aborts the process on a recurrent layer over no steps or no sequences:
+        # a template with one runs empty feeds on the NumPy interpreter.
+        recurrent = any(node.op_type in RECURRENT and not node.domain for node in graph.nodes.values())
+        self._numpy = Interpreter(graph) if recurrent else None
 
     @property
     def baked_sessions(self) -> int:
@@ -60,6 +64,8 @@ class OrtTemplate:
 
     def __call__(self, feeds: dict[str, Any], baked: Mapping[str, Snapshot] | None = None) -> list[Any]:
         """``baked``: the stable weights among the feeds, by input name (only those in ``bakeable``)."""
+        if self._numpy is not None and any(value.size == 0 for value in feeds.values()):
+            return self._numpy.run_trusted(feeds)
         if baked:
             key = tuple(baked.items())
             session = self._baked.get(key)

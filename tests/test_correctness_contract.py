@@ -3,6 +3,8 @@ batched and alone disagreed, or a result was broadcast into a slot sized by a de
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -190,3 +192,17 @@ def test_max_and_min_over_nan_agree_batched_alone_and_across_backends(op):
         buffer = np.empty(3 * 37 + 3, np.float32)[3:].reshape(3, 37)  # another alignment in memory
         buffer[...] = instances[0]["x"]
         np.testing.assert_array_equal(session.run(None, {"x": buffer})[0], expected(buffer, axis=1))
+
+
+def test_recurrent_layers_over_nothing_do_not_abort_onnxruntime():
+    """An LSTM over no sequences or a GRU over no steps aborted the process (SIGABRT) through
+    ``run`` (and a template or segment); they run on the NumPy interpreter instead."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "tests" / "scripts" / "empty_recurrent_layers.py")],
+                          capture_output=True, text=True, cwd=root, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
