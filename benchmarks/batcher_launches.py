@@ -1,6 +1,6 @@
 """Launches per scheduler against the lower bound, and scheduler cost per node.
 
-    python -m benchmarks.batcher_launches [--minibatch 64] [--big-nodes 100000]
+    python -m benchmarks.batcher_launches [--minibatch 64] [--big-nodes 100000] [--chain-depths 1000 10000 100000]
 
 Tree-LSTM graphs over SST trees and BiLSTM-tagger graphs over WikiNER sentences (from
 ../shared/data, synthetic with the same statistics when absent): the examples' models traced
@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
+
 from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem
+from autobatch.batcher.problem import problem_from
 from autobatch.batcher.rewrite import has_rule
 from autobatch.ir import Graph
 from benchmarks.models import bilstm_workload, traced_graph, tree_lstm_workload
@@ -44,11 +47,31 @@ def scheduler_cost(target_nodes: int) -> None:
         print(f"  {name:<8} {elapsed / n * 1e6:6.2f} us/node  ({len(schedule)} launches, lower bound {problem.lower_bound()})")
 
 
+def chain_cost(depths: list[int], instances: int = 4, classes: int = 3) -> None:
+    """Scheduling deep chains (a Loop unrolled per instance): time per node must stay flat as
+    they deepen (the level scheduler was quadratic in depth: 4 x 100,000 took 386 s)."""
+    print(f"\nscheduling {instances} chains of one depth, {classes} signature classes in turn:")
+    print(f"  {'depth':>8}{'nodes':>9}" + "".join(f"{name + ' us/node':>20}" for name in SCHEDULERS))
+    for depth in depths:
+        sig = np.tile(np.arange(depth) % classes, instances)
+        preds = [[k * depth + i - 1] if i else [] for k in range(instances) for i in range(depth)]
+        row = []
+        for scheduler in SCHEDULERS.values():
+            start = time.perf_counter()
+            problem = problem_from(list(range(len(sig))), sig, preds, [("", f"Op{c}") for c in range(classes)])
+            schedule = scheduler(problem)
+            row.append((time.perf_counter() - start) / len(sig) * 1e6)
+            assert len(schedule) == problem.lower_bound() == depth
+        print(f"  {depth:>8}{len(sig):>9}" + "".join(f"{cost:>20.2f}" for cost in row))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minibatch", type=int, default=64)
     parser.add_argument("--big-nodes", type=int, default=100_000)
+    parser.add_argument("--chain-depths", type=int, nargs="*", default=[1_000, 10_000, 100_000])
     args = parser.parse_args()
+    chain_cost(args.chain_depths)
     for name, workload in (("Tree-LSTM (primitive ops)", tree_lstm_workload(args.minibatch)),
                            ("BiLSTM tagger (primitive ops)", bilstm_workload(args.minibatch))):
         launches_table(name, traced_graph(workload), args.minibatch, workload[3])
