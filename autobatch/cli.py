@@ -57,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=1024, help="queued requests per model before 503")
     serve.add_argument("--request-timeout-s", type=float, default=30.0)
     serve.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    serve.add_argument("--body-timeout-s", type=float, default=30.0,
+                       help="seconds a request's body may take to arrive before 408 (default 30)")
+    serve.add_argument("--head-timeout-s", type=float, default=10.0,
+                       help="seconds a connection may take to send a whole request head before it is closed (default 10)")
+    serve.add_argument("--max-connections", type=int, default=1024,
+                       help="open connections past which new ones are closed at once (default 1024)")
+    serve.add_argument("--max-unrolled-nodes", type=int, default=100_000,
+                       help="the most nodes one request's If/Loop/Scan may unroll into; past it, 400 (default 100000)")
+    serve.add_argument("--drain-s", type=float, default=1.0,
+                       help="after SIGTERM, seconds new requests still get an answer (503) before the server stops "
+                            "(default 1); queued and running requests are answered first")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
+                       help="uvicorn's and ours (default info)")
     serve.add_argument("--no-batching", action="store_true", help="run every request alone (the baseline)")
     return parser
 

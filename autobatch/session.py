@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from onnx import ModelProto
@@ -22,9 +24,12 @@ from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
 from autobatch.batcher.fold import constant_value, constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
-from autobatch.frontends.onnx_control_flow import unroll_instance
+from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, UnrollLimit, unroll_instance
 from autobatch.ir import Graph, Recent, from_onnx
+from autobatch.ir.deadline import DeadlineExceeded
 from autobatch.ir.types import type_of_value
+
+log = logging.getLogger("autobatch")
 
 BACKENDS = ("numpy", "onnxruntime")
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -35,6 +40,7 @@ WHOLE_PLAN_AFTER = 2
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
 PLANS_KEPT = 256  # plans, per mix of input signatures
 KEYS_KEPT = 65536  # what flat plans learnt of record keys
+UNROLLED_KEPT = 256  # control-flow instances unrolled (``check`` unrolls what ``run_batch`` then runs)
 
 
 @dataclass
@@ -88,12 +94,18 @@ class InferenceSession:
     """
 
     def __init__(self, model: ModelProto | Graph | bytes | str, backend: str = "numpy", scheduler: str = "level",
-                 providers: Sequence[str] | None = None, threads: int = 0, flat: bool = True) -> None:
+                 providers: Sequence[str] | None = None, threads: int = 0, flat: bool = True,
+                 max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> None:
         """``flat``: run batches by the flat path where they allow it (see ``autobatch.Batch``);
-        False always builds, rewrites and runs the batched IR graph."""
+        False always builds, rewrites and runs the batched IR graph. ``max_unrolled_nodes``: the
+        most nodes an instance's If, Loop and Scan may unroll into (``check`` and ``run_batch``
+        refuse an instance past it), so that a trip count given in a request cannot make a batch
+        of any size."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
         self.graph = model if isinstance(model, Graph) else from_onnx(model)
+        self.max_unrolled_nodes = max_unrolled_nodes
+        self._unrolled: Recent = Recent(UNROLLED_KEPT)  # the values of a control-flow instance -> its graph
         self.backend = backend
         self.batching = BatchingPass(scheduler)
         self.stats: SessionStats | None = None
@@ -114,6 +126,14 @@ class InferenceSession:
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
         self.general_path_reason: str | None = None  # why the last batch did not take the flat path
+
+    def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """The feeds, once they fit the model's inputs and, for a model with control flow, once
+        the instance unrolls within ``max_unrolled_nodes``; ``FeedError`` saying why not."""
+        checked = check_feeds(self.graph, feeds)
+        if self._control_flow:
+            self._typed_graph(checked)
+        return checked
 
     def get_inputs(self) -> list[str]:
         return list(self.graph.inputs)
@@ -255,8 +275,15 @@ class InferenceSession:
         """The model with its inputs' concrete types and every value's shape inferred, cached
         per distinct input signature; a model with control flow unrolled for these values."""
         if self._control_flow:
-            graph = unroll_instance(self.graph, feeds)
-            constants_to_initializers(graph)
+            key = _values_key(feeds)
+            graph = self._unrolled.get(key)
+            if graph is None:
+                try:
+                    graph = unroll_instance(self.graph, feeds, self.max_unrolled_nodes)
+                except UnrollLimit as error:
+                    raise FeedError(str(error)) from None
+                constants_to_initializers(graph)
+                self._unrolled[key] = graph
             return graph
         key = _input_signature(feeds)
         graph = self._typed.get(key)
@@ -271,6 +298,33 @@ class InferenceSession:
             graph.infer_shapes()
             self._typed[key] = graph
         return graph
+
+
+Result = TypeVar("Result")
+
+
+def batched_else_alone(run_batch: Callable[[Sequence[Any]], list[Result]], run_alone: Callable[[Any], Result],
+                       instances: Sequence[Any], what: str = "batch") -> tuple[list[Result | Exception], bool]:
+    """Every instance's result, batched; if the batched run raises, each instance runs alone so
+    that only the guilty one fails (its exception in place of its result). Says whether it fell
+    back, which it logs at WARNING with the cause: a fallback must never be silent (it hid a
+    batching bug that gave wrong rows). Past the caller's deadline it gives up at once."""
+    try:
+        return list(run_batch(instances)), False
+    except DeadlineExceeded:
+        raise
+    except Exception as error:  # noqa: BLE001 - isolated below, instance by instance
+        log.warning("%s of %d instances failed batched (%s: %s); running each alone", what, len(instances),
+                    type(error).__name__, error)
+    results: list[Result | Exception] = []
+    for instance in instances:
+        try:
+            results.append(run_alone(instance))
+        except DeadlineExceeded:
+            raise
+        except Exception as error:  # noqa: BLE001 - this instance's own failure, returned in its place
+            results.append(error)
+    return results, True
 
 
 def shared_session_cache(threads: int = 0, providers: Sequence[str] | None = None) -> SessionCache:
@@ -333,6 +387,17 @@ def _is_constant(graph: Graph, name: str) -> bool:
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:
     return tuple((name, _value_key(value)) for name, value in sorted(feeds.items()))
+
+
+def _values_key(feeds: Mapping[str, Any]) -> tuple:
+    """The feeds by value (a control-flow instance unrolls by its values, not only its shapes)."""
+    return tuple((name, _value_key(value), _digest(value)) for name, value in sorted(feeds.items()))
+
+
+def _digest(value: Any) -> bytes:
+    if isinstance(value, list):
+        return hashlib.sha1(b"".join(map(_digest, value))).digest()
+    return b"none" if value is None else hashlib.sha1(np.ascontiguousarray(value).tobytes()).digest()
 
 
 def _value_key(value: Any) -> tuple:

@@ -15,12 +15,11 @@ import onnx
 import onnxruntime as ort
 
 from autobatch.backends import FeedError
-from autobatch.backends.interpreter import check_feeds
 from autobatch.batcher import BatchingPass
 from autobatch.batcher.fold import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, load_model, to_onnx
-from autobatch.session import InferenceSession
+from autobatch.session import InferenceSession, batched_else_alone
 
 Print = Callable[[str], None]
 
@@ -212,7 +211,7 @@ def run_file(model: str, inputs: str, output: str, backend: str, batch_size: int
 def _run_chunk(session: InferenceSession, instances: Sequence[Any], chunk: list[int],
                results: list[list[np.ndarray] | str]) -> None:
     """Run the good instances of a chunk batched; a bad one gets its error and the rest go on.
-    If the batched run itself fails, each instance runs alone so that only the guilty fail."""
+    If the batched run itself fails, each instance runs alone (logged) so that only the guilty fail."""
     good = []
     for k in chunk:
         instance = instances[k]
@@ -220,21 +219,16 @@ def _run_chunk(session: InferenceSession, instances: Sequence[Any], chunk: list[
             results[k] = instance
             continue
         try:
-            check_feeds(session.graph, instance)
+            session.check(instance)
             good.append(k)
         except FeedError as error:
             results[k] = str(error)
     if not good:
         return
-    try:
-        for k, outputs in zip(good, session.run_batch(None, [instances[k] for k in good])):
-            results[k] = outputs
-    except Exception:  # isolate the instance that breaks the batch
-        for k in good:
-            try:
-                results[k] = session.run(None, instances[k])
-            except Exception as error:
-                results[k] = f"{type(error).__name__}: {error}"
+    outputs, _ = batched_else_alone(lambda feeds: session.run_batch(None, feeds), lambda feeds: session.run(None, feeds),
+                                    [instances[k] for k in good], f"instances {good[0]}..{good[-1]}")
+    for k, result in zip(good, outputs):
+        results[k] = f"{type(result).__name__}: {result}" if isinstance(result, Exception) else result
 
 
 def _write_results(path: str, names: Sequence[str], results: Sequence[list[np.ndarray] | str]) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from autobatch.backends import control_flow, kernels
 from autobatch.backends.reference_ops import ReferenceOps
 from autobatch.ir import Graph, Node, accepts, captured_names
+from autobatch.ir.deadline import check_deadline
 from autobatch.ir.graph import schema_version
 
 # (inputs, environment for subgraph captures) -> outputs
@@ -104,6 +105,7 @@ class Interpreter:
         env.update(self.constants)
         env.update(feeds)
         for node, impl, dead in zip(self.order, self.impls, self._free_after):
+            check_deadline()
             inputs = [env[name] if name else None for name in node.inputs]
             outputs = self.run_node(node, impl, inputs, env)
             for name, value in zip(node.outputs, outputs):

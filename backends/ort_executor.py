@@ -29,6 +29,7 @@ from autobatch.backends.ort_runtime import SessionCache
 from autobatch.batcher.rewrite import is_data_movement
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.ir import Graph, Node, captured_names
+from autobatch.ir.deadline import check_deadline
 from autobatch.ir.onnx_io import choose_ir_version
 
 
@@ -153,6 +154,7 @@ class OrtExecutor:
         remaining = self._remaining_reads()
         self.stats.launches = self.stats.session_calls = 0
         for step in self.steps:
+            check_deadline()
             if isinstance(step, Segment):
                 values = [env[n] if n in env else self._constant(n, constants[n]) for n in step.inputs]
                 outputs = self._run_segment(step, values)

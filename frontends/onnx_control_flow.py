@@ -19,18 +19,27 @@ import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, helper, numpy_helper
 
 from autobatch.ir import Graph, Node, attribute_value, captured_names
+from autobatch.ir.deadline import check_deadline
 from autobatch.ir.types import type_of_value
 
 Scope = ChainMap  # name in the source (graph or body) -> name in the unrolled graph
 
 
-def unroll_instance(graph: Graph, feeds: Mapping[str, Any], max_unrolled_nodes: int = 200_000,
+MAX_UNROLLED_NODES = 100_000
+
+
+class UnrollLimit(ValueError):
+    """Unrolling an instance's control flow would go past its limit of nodes."""
+
+
+def unroll_instance(graph: Graph, feeds: Mapping[str, Any], max_unrolled_nodes: int = MAX_UNROLLED_NODES,
                     resolve: bool = True) -> Graph:
     """The graph of one instance with its control flow resolved for these feeds.
 
     Same input and output names as ``graph``; input types are the feeds' concrete types and
     every other value's type is inferred. ``resolve=False`` keeps every If/Loop/Scan opaque.
-    Raises ValueError, naming the node being unrolled, past ``max_unrolled_nodes`` nodes.
+    Raises ``UnrollLimit``, naming the node being unrolled, past ``max_unrolled_nodes`` nodes,
+    and ``DeadlineExceeded`` past the caller's deadline (``ir.deadline``).
     """
     return _Unroller(graph, feeds, max_unrolled_nodes, resolve).run()
 
@@ -161,7 +170,8 @@ class _Unroller:
             attributes: Mapping[str, Any] | None = None, domain: str = "", name: str = "") -> list[str]:
         if len(self.out.nodes) >= self.budget:
             where = " inside ".join(reversed(self.unrolling)) or f"graph {self.source.name!r}"
-            raise ValueError(f"unrolling {where} exceeds max_unrolled_nodes={self.budget}")
+            raise UnrollLimit(f"unrolling {where} exceeds max_unrolled_nodes={self.budget}")
+        check_deadline()
         if name:  # onnxruntime refuses a model with two nodes of the same name
             name = self.fresh(name, self.node_names)
         self.out.add_node(op_type, inputs, outputs, attributes, domain=domain, name=name)
@@ -227,8 +237,8 @@ class _Unroller:
         i = 0
         while (limit is None or i < limit) and bool(cond):
             if i >= self.budget:
-                raise ValueError(f"unrolling {' inside '.join(reversed(self.unrolling))} exceeds "
-                                 f"max_unrolled_nodes={self.budget} iterations")
+                raise UnrollLimit(f"unrolling {' inside '.join(reversed(self.unrolling))} exceeds "
+                                  f"max_unrolled_nodes={self.budget} iterations")
             inner = scope.new_child()
             inner[body.input[0].name] = self.constant(np.array(i, np.int64), "iter")
             inner[body.input[1].name] = cond_name

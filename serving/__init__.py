@@ -8,20 +8,20 @@ is the ASGI application and ``serve`` runs it with uvicorn.
 
 from autobatch.serving.engine import Engine, ModelRegistry
 from autobatch.serving.errors import (
-    BadRequest, InferenceFailed, ModelNotFound, PayloadTooLarge, QueueFull, RequestTimeout, ServingError,
+    BadRequest, BodyTimeout, InferenceFailed, ModelNotFound, PayloadTooLarge, QueueFull, RequestTimeout, ServingError,
     ShuttingDown,
 )
 from autobatch.serving.runners import ProgramRunner, Runner, SessionRunner, TensorSpec, load_runner
 
 __all__ = [
-    "BadRequest", "Engine", "InferenceFailed", "ModelNotFound", "ModelRegistry", "PayloadTooLarge", "ProgramRunner",
+    "BadRequest", "BodyTimeout", "Engine", "InferenceFailed", "ModelNotFound", "ModelRegistry", "PayloadTooLarge", "ProgramRunner",
     "QueueFull", "RequestTimeout", "Runner", "ServingError", "SessionRunner", "ShuttingDown", "TensorSpec",
-    "load_runner", "create_app", "serve", "serve_in_thread",
+    "load_runner", "Limits", "create_app", "serve", "serve_in_thread",
 ]
 
 
 def __getattr__(name: str):  # the HTTP layer needs starlette and uvicorn: import it only when asked
-    if name in ("create_app", "serve", "serve_in_thread"):
+    if name in ("Limits", "create_app", "serve", "serve_in_thread"):
         from autobatch.serving import server
 
         return getattr(server, name)

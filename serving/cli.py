@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autobatch.serving.engine import Engine, ModelRegistry
-from autobatch.serving.server import serve
+from autobatch.serving.server import Limits, serve
 
 
 def registry_from_args(args: argparse.Namespace) -> ModelRegistry:
@@ -16,11 +16,13 @@ def registry_from_args(args: argparse.Namespace) -> ModelRegistry:
                             batch_wait_timeout_s=args.batch_wait_timeout_s,
                             max_queue_delay_microseconds=args.max_queue_delay_microseconds,
                             max_queue=args.max_queue, request_timeout_s=args.request_timeout_s,
-                            batching=not args.no_batching, backend=args.backend))
+                            batching=not args.no_batching, backend=args.backend,
+                            max_unrolled_nodes=args.max_unrolled_nodes))
     return registry
 
 
 def serve_command(args: argparse.Namespace) -> None:
     registry = registry_from_args(args)
     print(f"serving {', '.join(sorted(registry.engines))} on http://{args.host}:{args.port}/v2", flush=True)
-    serve(registry, args.host, args.port, args.max_body_bytes)
+    limits = Limits(args.max_body_bytes, args.body_timeout_s, args.head_timeout_s, args.max_connections)
+    serve(registry, args.host, args.port, limits, args.log_level, args.drain_s)

@@ -5,12 +5,15 @@ One asyncio worker per engine takes the first waiting request, waits up to
 checks each request's feeds (a bad one fails alone, with 400 semantics), and runs the rest
 with ``run_batch`` in a worker thread, so the event loop keeps accepting requests meanwhile.
 The instances of a batch may have different shapes, i.e. different graphs: that is the point.
-If the batched run raises, each instance is re-run alone so that only the guilty one fails.
+If the batched run raises, each instance is re-run alone so that only the guilty one fails
+(logged at WARNING, counted in the metrics). A request's work stops once its deadline has passed
+(``ir.deadline``): one request never holds the model's worker for longer than it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import deque
@@ -27,7 +30,9 @@ from autobatch.serving.errors import (
 )
 from autobatch.serving.metrics import EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
-from autobatch.session import InferenceSession
+from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
+from autobatch.ir.deadline import DeadlineExceeded, deadline
+from autobatch.session import InferenceSession, batched_else_alone
 
 
 @dataclass(eq=False)
@@ -35,6 +40,7 @@ class _Request:
     feeds: Feeds
     outputs: list[str] | None
     future: asyncio.Future[Outputs]
+    deadline: float = float("inf")  # time.monotonic() past which nobody waits for the result
 
     def settle(self, result: Outputs | BaseException) -> None:
         if self.future.done():  # timed out or cancelled meanwhile: nobody is waiting
@@ -58,14 +64,14 @@ class Engine:
     def __init__(self, model: Any, *, name: str | None = None, max_batch_size: int = 32,
                  batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
                  max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
-                 backend: str = "numpy") -> None:
+                 backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> None:
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be positive")
         if max_queue_delay_microseconds is not None:
             batch_wait_timeout_s = max_queue_delay_microseconds / 1e6
         if batch_wait_timeout_s < 0:
             raise ValueError("the batch wait timeout must not be negative")
-        self.name, self.runner = _as_runner(model, backend)
+        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes)
         if name is not None:
             self.name = name
         self.max_batch_size = max_batch_size
@@ -141,11 +147,12 @@ class Engine:
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"model {self.name!r}: the queue is full ({self.max_queue} requests waiting)")
             future: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
+            limit = timeout if timeout is not None else self.request_timeout_s
             request = _Request({k: np.asarray(v) for k, v in feeds.items()},
-                               list(outputs) if outputs is not None else None, future)
+                               list(outputs) if outputs is not None else None, future,
+                               time.monotonic() + limit if limit is not None else float("inf"))
             self._queue.append(request)
             self._arrived.set()
-            limit = timeout if timeout is not None else self.request_timeout_s
             try:
                 return await asyncio.wait_for(asyncio.shield(future), limit)
             except TimeoutError:
@@ -199,7 +206,7 @@ class Engine:
             size = self.max_batch_size if self.batching else 1
             batch = [self._queue.popleft() for _ in range(min(size, len(self._queue)))]
             try:
-                await self._run(batch)
+                await self._serve(batch)
             except Exception as error:  # a bug of ours: fail this batch, keep serving
                 for request in batch:
                     request.settle(InferenceFailed(f"{type(error).__name__}: {error}"))
@@ -218,23 +225,22 @@ class Engine:
             except TimeoutError:
                 return
 
-    async def _run(self, batch: list[_Request]) -> None:
-        good = []
+    async def _serve(self, batch: list[_Request]) -> None:
+        live = []
         for request in batch:
             if request.future.done():
                 continue
             try:
-                request.feeds = self.runner.check(request.feeds)
                 self._check_outputs(request.outputs)
-                good.append(request)
+                live.append(request)
             except FeedError as error:
                 request.settle(BadRequest(str(error)))
-        if not good:
+        if not live:
             return
-        self.metrics.batch_sizes.observe(len(good))
-        results = await self._execute([r.feeds for r in good])
-        for request, result in zip(good, results):
-            if isinstance(result, BaseException):
+        for request, result in zip(live, await self._execute(live)):
+            if isinstance(result, DeadlineExceeded):
+                request.settle(RequestTimeout(f"model {self.name!r}: no result within its deadline; the work stopped"))
+            elif isinstance(result, BaseException):
                 status = BadRequest if isinstance(result, FeedError) else InferenceFailed
                 request.settle(status(f"{type(result).__name__}: {result}"))
             else:
@@ -243,24 +249,59 @@ class Engine:
                 except BadRequest as error:
                     request.settle(error)
 
-    async def _execute(self, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:
-        """Batched when there are several; each alone when the batch fails (or is one)."""
+    async def _execute(self, batch: list[_Request]) -> list[Outputs | BaseException]:
+        """On the worker thread, the requests checked (which may unroll control flow), then the
+        good ones batched when there are several, each alone when the batch fails (logged and
+        counted) or is one. The work stops at the latest deadline of the batch's requests."""
         assert self._loop is not None
-        if len(feeds_list) > 1:
-            try:
-                results = await self._loop.run_in_executor(self._executor, self.runner.run_batch, feeds_list)
-                if len(results) == len(feeds_list):
-                    return results
-            except Exception:
-                pass  # find the guilty instance(s) below
-            self.metrics.instances_rerun += len(feeds_list)
-        alone: list[Outputs | BaseException] = []
-        for feeds in feeds_list:
-            try:
-                alone.append(await self._loop.run_in_executor(self._executor, self.runner.run, feeds))
-            except Exception as error:
-                alone.append(error)
-        return alone
+        seconds = max(request.deadline for request in batch) - time.monotonic()
+        work = functools.partial(self._run, [request.feeds for request in batch], seconds)
+        try:
+            results, ran, fell_back = await self._loop.run_in_executor(self._executor, work)
+        except DeadlineExceeded as error:
+            return [error] * len(batch)
+        if ran:
+            self.metrics.batch_sizes.observe(ran)
+        if fell_back:
+            self.metrics.batches_failed += 1
+            self.metrics.instances_rerun += ran
+        return results
+
+    def _run(self, feeds_list: list[Feeds], seconds: float) -> tuple[list[Outputs | BaseException], int, bool]:
+        """The results (a FeedError for feeds that do not fit), how many instances ran, and
+        whether their batch fell back to each alone."""
+        with deadline(seconds if seconds != float("inf") else None):
+            results: list[Outputs | BaseException] = []
+            good: list[int] = []
+            checked: list[Feeds] = []
+            for k, feeds in enumerate(feeds_list):
+                try:
+                    checked.append(self.runner.check(feeds))
+                    good.append(k)
+                    results.append(feeds)
+                except FeedError as error:
+                    results.append(error)
+            if len(checked) == 1:
+                try:
+                    outputs, fell_back = [self.runner.run(checked[0])], False
+                except DeadlineExceeded:
+                    raise
+                except Exception as error:  # noqa: BLE001 - this request's own failure
+                    outputs, fell_back = [error], False
+            elif checked:
+                outputs, fell_back = batched_else_alone(self._run_batch, self.runner.run, checked,
+                                                        f"model {self.name!r}: a batch")
+            else:
+                outputs, fell_back = [], False
+            for k, result in zip(good, outputs):
+                results[k] = result
+            return results, len(checked), fell_back
+
+    def _run_batch(self, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:
+        results = self.runner.run_batch(feeds_list)
+        if len(results) != len(feeds_list):
+            raise RuntimeError(f"the runner gave {len(results)} results for {len(feeds_list)} instances")
+        return results
 
     def _check_outputs(self, outputs: list[str] | None) -> None:
         known = [spec.name for spec in self.runner.outputs]
@@ -300,14 +341,14 @@ class ModelRegistry:
         return render((name, e.metrics, e.queue_depth) for name, e in self.engines.items())
 
 
-def _as_runner(model: Any, backend: str) -> tuple[str, Runner]:
+def _as_runner(model: Any, backend: str, max_unrolled_nodes: int) -> tuple[str, Runner]:
     if isinstance(model, str):
-        return load_runner(model, backend)
+        return load_runner(model, backend, max_unrolled_nodes)
     if isinstance(model, InferenceSession):
         return model.graph.name or "model", SessionRunner(model)
     if hasattr(model, "run_batch") and hasattr(model, "check"):
         return getattr(model, "name", None) or "model", model
-    session = InferenceSession(model, backend=backend)
+    session = InferenceSession(model, backend=backend, max_unrolled_nodes=max_unrolled_nodes)
     return session.graph.name or "model", SessionRunner(session)
 
 

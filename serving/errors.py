@@ -20,6 +20,12 @@ class ModelNotFound(ServingError):
     status = 404
 
 
+class BodyTimeout(ServingError):
+    """The request's body took too long to arrive."""
+
+    status = 408
+
+
 class PayloadTooLarge(ServingError):
     status = 413
 
@@ -35,7 +41,10 @@ class QueueFull(ServingError):
 
 
 class ShuttingDown(ServingError):
+    """The server is draining: retry elsewhere, on a new connection."""
+
     status = 503
+    headers = {"Retry-After": "1", "Connection": "close"}
 
 
 class RequestTimeout(ServingError):

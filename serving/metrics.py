@@ -42,6 +42,7 @@ class EngineMetrics:
 
     requests: int = 0
     errors: Counter[int] = field(default_factory=Counter)  # by HTTP status
+    batches_failed: int = 0  # batched runs that raised, whose instances then ran alone
     instances_rerun: int = 0  # run alone after their batch failed
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
@@ -50,6 +51,7 @@ class EngineMetrics:
 _HELP = {
     "autobatch_requests_total": ("counter", "Inference requests received."),
     "autobatch_request_errors_total": ("counter", "Inference requests that failed, by HTTP status."),
+    "autobatch_batches_failed_total": ("counter", "Batched runs that failed; their instances then ran alone."),
     "autobatch_instances_rerun_total": ("counter", "Instances re-run alone after their batch failed."),
     "autobatch_queue_depth": ("gauge", "Requests waiting in the queue."),
     "autobatch_batch_size": ("histogram", "Instances per executed batch."),
@@ -66,6 +68,7 @@ def render(models: Iterable[tuple[str, EngineMetrics, int]]) -> str:
         for status, count in sorted(m.errors.items()):
             rows["autobatch_request_errors_total"].append(
                 f'autobatch_request_errors_total{{{labels},code="{status}"}} {count}')
+        rows["autobatch_batches_failed_total"].append(f"autobatch_batches_failed_total{{{labels}}} {m.batches_failed}")
         rows["autobatch_instances_rerun_total"].append(f"autobatch_instances_rerun_total{{{labels}}} {m.instances_rerun}")
         rows["autobatch_queue_depth"].append(f"autobatch_queue_depth{{{labels}}} {depth}")
         rows["autobatch_batch_size"].extend(m.batch_sizes.lines("autobatch_batch_size", labels))

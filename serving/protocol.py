@@ -5,6 +5,7 @@ binary tensor extension (what tritonclient sends by default): a JSON header of
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,8 @@ def decode_request(body: bytes, header_length: str | None = None) -> InferReques
         request = json.loads(body[:split])
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"malformed JSON: {error}") from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise BadRequest("the body must be a JSON object with a list of 'inputs'")
     binary, offset = memoryview(body)[split:], 0
@@ -74,7 +77,7 @@ def _decode_tensor(tensor: Any, binary: memoryview) -> tuple[str, np.ndarray, in
     shape = tensor.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise BadRequest(f"input {name!r}: 'shape' must be a list of non-negative integers")
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)  # Python ints: a NumPy product of a hostile shape wraps around
     binary_size = _parameters(tensor).get("binary_data_size")
     try:
         if binary_size is not None:
@@ -92,6 +95,8 @@ def _decode_tensor(tensor: Any, binary: memoryview) -> tuple[str, np.ndarray, in
         return name, data.astype(dtype).reshape(shape), 0
     except (ValueError, TypeError, OverflowError) as error:  # ragged or odd data
         raise BadRequest(f"input {name!r}: {error}") from None
+    except RecursionError:
+        raise BadRequest(f"input {name!r}: 'data' nested too deeply") from None
 
 
 def _requested_outputs(outputs: Any, parameters: dict[str, Any]) -> tuple[list[str] | None, set[str]]:

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from autobatch.backends import FeedError
-from autobatch.backends.interpreter import check_feeds
 from autobatch.frontends import ProgramFailure, run_programs
+from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.serving.protocol import datatype_of
 from autobatch.session import InferenceSession
 
@@ -63,7 +63,7 @@ class SessionRunner:
         self.outputs = [_spec(graph, name) for name in graph.outputs]
 
     def check(self, feeds: Mapping[str, np.ndarray]) -> Feeds:
-        return check_feeds(self.session.graph, feeds)
+        return self.session.check(feeds)
 
     def run_batch(self, feeds_list: Sequence[Feeds]) -> list[Outputs | BaseException]:
         names = self.session.get_outputs()
@@ -106,14 +106,14 @@ class ProgramRunner:
         return result
 
 
-def load_runner(spec: str, backend: str = "numpy") -> tuple[str, Runner]:
+def load_runner(spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> tuple[str, Runner]:
     """``model.onnx`` (served under its stem) or ``module:function`` / ``file.py:function``
     (a program, served under the function's name)."""
     path = Path(spec)
     if path.suffix == ".onnx" or (path.is_file() and ":" not in spec):
         if not path.is_file():
             raise FileNotFoundError(f"{spec}: no such model file")
-        return path.stem, SessionRunner(InferenceSession(str(path), backend=backend))
+        return path.stem, SessionRunner(InferenceSession(str(path), backend=backend, max_unrolled_nodes=max_unrolled_nodes))
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{spec}: expected a .onnx file or module:function (a program)")

@@ -10,29 +10,39 @@ uvicorn stops accepting and lets open requests finish, then every engine drains 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from autobatch.serving.engine import ModelRegistry
-from autobatch.serving.errors import PayloadTooLarge, ServingError
+from autobatch.serving.errors import BodyTimeout, PayloadTooLarge, ServingError
 from autobatch.serving.protocol import HEADER_LENGTH, decode_request, encode_response
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+BODY_TIMEOUT_S = 30.0  # to read a request's whole body
+HEAD_TIMEOUT_S = 10.0  # from a connection's start (or its last response) to a whole request head
+MAX_CONNECTIONS = 1024
+DRAIN_S = 1.0  # after SIGTERM, how long new requests still get an answer (503) before the server stops
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> Starlette:
     """The ASGI application; its lifespan starts the engines and drains them at shutdown."""
 
     async def server_metadata(request: Request) -> Response:
@@ -61,7 +71,7 @@ def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_B
 
     async def infer(request: Request) -> Response:
         engine = registry.get(request.path_params["name"])
-        body = await _read_body(request, max_body_bytes)
+        body = await _read_body(request, max_body_bytes, body_timeout_s)
         parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
         outputs = await engine.infer(parsed.feeds, parsed.outputs)
         content, headers = encode_response(engine.name, parsed, outputs)
@@ -100,29 +110,139 @@ def _errors_as_json(handler: Handler) -> Handler:
     return wrapped
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused as soon as it is known to exceed ``limit`` bytes."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, refused as soon as it is known to exceed ``limit`` bytes, or to take longer
+    than ``timeout_s`` to arrive (a client trickling it in would hold a connection forever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the body of {declared} bytes exceeds the limit of {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"the body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"the body did not arrive within {timeout_s} s ({size} bytes read)") from None
     return b"".join(chunks)
 
 
-def _config(registry: ModelRegistry, max_body_bytes: int, log_level: str, **uvicorn_options: Any) -> uvicorn.Config:
-    return uvicorn.Config(create_app(registry, max_body_bytes), log_level=log_level, lifespan="on",
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with two limits it lacks: a connection past
+    ``max_connections`` is closed at once, and one that has not sent a whole request head within
+    ``head_timeout_s`` of its start (or of its last response) is closed, so that clients sending
+    heads a byte at a time (slowloris) cannot hold sockets. ``limited`` makes the subclass."""
+
+    head_timeout_s = HEAD_TIMEOUT_S
+    max_connections = MAX_CONNECTIONS
+
+    @classmethod
+    def limited(cls, head_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
+        return type(cls.__name__, (cls,), {"head_timeout_s": head_timeout_s, "max_connections": max_connections})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.max_connections:
+            self.logger.warning("refused a connection: %d open, the limit is %d", len(self.connections),
+                                self.max_connections)
+            transport.close()
+            return
+        self._wait_for_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:
+            if self._head_timer is None:
+                self._wait_for_head()
+        elif self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._wait_for_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _wait_for_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM or SIGINT: readiness goes false and every engine refuses new requests with
+    503 while it answers what is queued and running; ``drain_s`` later the server stops and
+    the process exits 0 (uvicorn re-raises the signal, which ends the process by it). A second
+    signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, registry: ModelRegistry, drain_s: float = DRAIN_S) -> None:
+        super().__init__(config)
+        self.registry = registry
+        self.drain_s = drain_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self._loop is None:
+            self.should_exit = True
+            return
+        self._draining = True
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+
+    async def _drain(self) -> None:
+        await self.registry.close()
+        await asyncio.sleep(self.drain_s)
+        self.should_exit = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a client cannot push past, besides the engines' queues and request timeouts."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_s: float = BODY_TIMEOUT_S
+    head_timeout_s: float = HEAD_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+
+
+def _config(registry: ModelRegistry, limits: Limits, log_level: str, **uvicorn_options: Any) -> uvicorn.Config:
+    return uvicorn.Config(create_app(registry, limits.max_body_bytes, limits.body_timeout_s), log_level=log_level,
+                          lifespan="on", http=GuardedH11Protocol.limited(limits.head_timeout_s, limits.max_connections),
                           **uvicorn_options)
 
 
-def serve(registry: ModelRegistry, host: str = "127.0.0.1", port: int = 8000,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully."""
-    uvicorn.Server(_config(registry, max_body_bytes, log_level, host=host, port=port)).run()
+def serve(registry: ModelRegistry, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(),
+          log_level: str = "info", drain_s: float = DRAIN_S) -> None:
+    """Serve until SIGINT/SIGTERM, then drain (``DrainingServer``) and return."""
+    DrainingServer(_config(registry, limits, log_level, host=host, port=port), registry, drain_s).run()
 
 
 @dataclass
@@ -133,15 +253,14 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def serve_in_thread(registry: ModelRegistry, host: str = "127.0.0.1", port: int = 0,
-                    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "warning",
-                    start_timeout_s: float = 10.0) -> Iterator[RunningServer]:
+def serve_in_thread(registry: ModelRegistry, host: str = "127.0.0.1", port: int = 0, limits: Limits = Limits(),
+                    log_level: str = "warning", start_timeout_s: float = 10.0) -> Iterator[RunningServer]:
     """A server in a background thread (tests, benchmarks, notebooks); port 0 picks a free
     one. Leaving the block shuts it down gracefully and joins the thread."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server = uvicorn.Server(_config(registry, max_body_bytes, log_level))
+    server = uvicorn.Server(_config(registry, limits, log_level))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="autobatch-server", daemon=True)
     thread.start()
     try:

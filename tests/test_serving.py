@@ -24,7 +24,7 @@ from autobatch.examples.ray_serve import MODEL_TEXT  # noqa: E402
 from benchmarks.onnx_tagger import build_model  # noqa: E402
 from autobatch.serving import (  # noqa: E402
     BadRequest, Engine, InferenceFailed, ModelRegistry, ProgramRunner, QueueFull, RequestTimeout, SessionRunner,
-    ShuttingDown, serve_in_thread,
+    Limits, ShuttingDown, serve_in_thread,
 )
 
 # One instance: x has a length N of its own, so concurrent requests have different graphs.
@@ -73,7 +73,7 @@ def server():
         Engine(FaultyRunner(delay=0.5), name="slow", max_batch_size=1, max_queue=1),
         Engine(FaultyRunner(delay=0.5), name="timeout", request_timeout_s=0.1),
     ])
-    with serve_in_thread(registry, max_body_bytes=MAX_BODY) as running:
+    with serve_in_thread(registry, limits=Limits(max_body_bytes=MAX_BODY)) as running:
         yield running
 
 

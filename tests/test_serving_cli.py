@@ -81,8 +81,7 @@ def test_serve_several_models_and_shut_down_gracefully(tmp_path):
         sender.join(10)
         assert in_flight and in_flight[0][0] == 200, in_flight
         assert in_flight[0][1]["outputs"][0]["data"] == [0.0, 2.0, 4.0]
-        # uvicorn re-raises the signal once it has shut down gracefully
-        assert process.wait(15) in (0, -signal.SIGTERM)
+        assert process.wait(15) == 0  # drained and stopped (uvicorn alone re-raised the signal)
         assert "serving slow_double, tagger2 on http://127.0.0.1" in process.stdout.read()
     finally:
         if process.poll() is None:
