@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -22,7 +23,7 @@ import pytest
 pytest.importorskip("uvicorn")
 
 from autobatch import InferenceSession  # noqa: E402
-from autobatch.serving import Engine, ModelRegistry, RequestTimeout  # noqa: E402
+from autobatch.serving import Engine, ModelRegistry  # noqa: E402
 from autobatch.serving.server import Limits, serve_in_thread  # noqa: E402
 from tests.test_serving import MODEL, POISON, FaultyRunner, infer_body, instance  # noqa: E402
 from tests.test_serving_cli import free_port  # noqa: E402
@@ -124,7 +125,7 @@ def test_hostile_json_gets_400(guarded, body):
 def test_a_trip_count_past_the_unroll_limit_gets_400_and_its_batch_is_answered(guarded):
     """Two requests of M=60,000 once unrolled 120,000 nodes each and blocked the model (504s)."""
     trips = [3, 60_000, 5, 60_000, 2]
-    with __import__("concurrent.futures").futures.ThreadPoolExecutor(len(trips)) as pool:
+    with ThreadPoolExecutor(len(trips)) as pool:
         answers = list(pool.map(lambda m: post(guarded.port, "/v2/models/loop/infer", loop_body(m)), trips))
     for m, (status, body) in zip(trips, answers):
         if m == 60_000:
