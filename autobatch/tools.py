@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import time
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,13 +14,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from autobatch.backends import FeedError
+from autobatch.backends.ort_runtime import CPU, new_session, session_options
 from autobatch.batcher import BatchingPass
 from autobatch.batcher.fold import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
-from autobatch.ir import Graph, from_onnx, load_model, to_onnx
+from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.session import InferenceSession, batched_else_alone
 
 Print = Callable[[str], None]
@@ -107,8 +109,7 @@ def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
 
 
 def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print) -> RewriteResult:
-    original = load_model(source)
-    graph = from_onnx(original)
+    graph = from_onnx(source)
     batched = batch_one_graph(graph, scheduler)
     if batched is graph:
         out("nothing worth batching: the batched graph would not be smaller; written unchanged")
@@ -121,7 +122,8 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
     out(f"{'total':<24}{sum(result.before.values()):>8}{sum(result.after.values()):>8}")
     if check:
         feeds = random_feeds(graph, np.random.default_rng(0))
-        expected, result.latency_before_ms = _ort_run_timed(original, feeds)
+        # The original as we export it (an IR version onnxruntime loads), not as it was saved.
+        expected, result.latency_before_ms = _ort_run_timed(to_onnx(graph), feeds)
         got, result.latency_after_ms = _ort_run_timed(model, feeds)
         result.max_difference = max(
             (float(np.max(np.abs(e.astype(np.float64) - g))) if e.size else 0.0 for e, g in zip(expected, got)), default=0.0)
@@ -136,9 +138,7 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
 
 
 def _ort_run_timed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats: int = 20) -> tuple[list[np.ndarray], float]:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = new_session(model, session_options(threads=1), [CPU])
     outputs = session.run(None, feeds)
     times = []
     for _ in range(repeats):
@@ -151,20 +151,14 @@ def _ort_run_timed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats
 # ----------------------------------------------------------------------------- run
 def read_instances(path: str, graph: Graph) -> list[dict[str, np.ndarray] | str]:
     """Instances from ``.npz`` (arrays named ``<index>/<input>``) or ``.jsonl`` (one object
-    per line, input name -> nested lists); a line that cannot be read becomes its error text."""
+    per line, input name -> nested lists); an instance that cannot be read becomes its error
+    text, and the others go on."""
     suffix = Path(path).suffix
     if suffix == ".npz":
-        instances: dict[int, dict[str, np.ndarray]] = {}
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                index, _, name = key.partition("/")
-                if not index.isdigit() or not name:
-                    raise ValueError(f"{path}: array {key!r} is not named <index>/<input name>")
-                instances.setdefault(int(index), {})[name] = data[key]
-        return [instances[k] for k in sorted(instances)]
+        return _npz_instances(path)
     if suffix == ".jsonl":
         result: list[dict[str, np.ndarray] | str] = []
-        with open(path) as f:
+        with open(path, "rb") as f:
             for number, line in enumerate(f, 1):
                 if line.strip():
                     result.append(_json_instance(line, number, graph))
@@ -172,19 +166,82 @@ def read_instances(path: str, graph: Graph) -> list[dict[str, np.ndarray] | str]
     raise ValueError(f"{path}: inputs must be a .npz or a .jsonl file")
 
 
-def _json_instance(line: str, number: int, graph: Graph) -> dict[str, np.ndarray] | str:
+def _npz_instances(path: str) -> list[dict[str, np.ndarray] | str]:
+    instances: dict[int, dict[str, np.ndarray] | str] = {}
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{path}: not a readable .npz file ({error})") from None
+    with data:
+        for key in data.files:
+            index, _, name = key.partition("/")
+            if not index.isdigit() or not name:
+                raise ValueError(f"{path}: array {key!r} is not named <index>/<input name>")
+            instance = instances.setdefault(int(index), {})
+            if isinstance(instance, str):
+                continue
+            try:
+                _check_stored_size(data.zip, key)
+                instance[name] = data[key]
+            except (OSError, ValueError, zipfile.BadZipFile) as error:
+                instances[int(index)] = f"instance {index}: array {name!r} cannot be read: {error}"
+    return [instances[k] for k in sorted(instances)]
+
+
+def _check_stored_size(archive: zipfile.ZipFile, key: str) -> None:
+    """Refuse an array whose header promises more bytes than its file holds, before NumPy tries
+    to allocate them (a header can declare 10^12 elements in a few bytes)."""
+    info = archive.getinfo(key + ".npy")
+    with archive.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > info.file_size:
+            raise ValueError(f"its header declares shape {list(shape)} of {dtype} ({declared} bytes) but it holds "
+                             f"{info.file_size} bytes")
+
+
+def _json_instance(line: bytes, number: int, graph: Graph) -> dict[str, np.ndarray] | str:
     try:
         record = json.loads(line)
-        if not isinstance(record, dict):
-            return f"line {number}: expected a JSON object of input name -> array"
-        feeds = {}
-        for name, value in record.items():
-            declared = graph.values[name].type if name in graph.values else None
-            dtype = declared.dtype if declared is not None and declared.dtype is not None else None
-            feeds[name] = np.asarray(value, dtype=dtype)
-        return feeds
-    except (ValueError, TypeError) as error:
-        return f"line {number}: {error}"
+    except (ValueError, UnicodeDecodeError) as error:
+        return f"line {number}: not JSON ({error})"
+    except RecursionError:
+        return f"line {number}: JSON nested too deeply"
+    if not isinstance(record, dict):
+        return f"line {number}: expected a JSON object of input name -> array"
+    feeds = {}
+    for name, value in record.items():
+        declared = graph.values[name].type if name in graph.values else None
+        dtype = declared.dtype if declared is not None and declared.dtype is not None else None
+        try:
+            feeds[name] = _json_array(value, dtype)
+        except (ValueError, TypeError, OverflowError) as error:
+            return f"line {number}: input {name!r}: {error}"
+        except RecursionError:
+            return f"line {number}: input {name!r}: nested too deeply"
+    return feeds
+
+
+def _json_array(value: Any, dtype: np.dtype | None) -> np.ndarray:
+    """The array of nested JSON lists, in the declared dtype; never a silent change of value:
+    a float (1.9) given to an integer input, or a number its type cannot hold, is refused."""
+    try:
+        given = np.asarray(value)
+    except ValueError:  # NumPy's words for ragged lists are long
+        given = np.asarray(None)
+    if given.dtype.kind not in "biuf":
+        raise ValueError("not a rectangular array of numbers (ragged lists, strings, or integers past 64 bits)")
+    if dtype is None:
+        return given
+    with np.errstate(all="ignore"):
+        array = given.astype(dtype)
+    if dtype.kind in "biu":
+        changed = np.flatnonzero(array.ravel() != given.ravel())
+        if len(changed):
+            raise ValueError(f"{given.ravel()[changed[0]].item()!r} is not a {dtype} value")
+    return array
 
 
 def run_file(model: str, inputs: str, output: str, backend: str, batch_size: int, out: Print,

@@ -183,3 +183,68 @@ def test_rewrite_leaves_a_model_it_cannot_shrink_unchanged(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "written unchanged" in result.stdout and "check: outputs equal" in result.stdout
     assert op_counts(from_onnx(target)) == op_counts(from_onnx(source))
+
+
+NEG = '<ir_version: 8, opset_import: ["" : 17]> g (int32[N, 2] x) => (int32[N, 2] y) { y = Neg(x) }'
+
+
+def test_run_refuses_what_it_would_change_and_goes_on_past_unreadable_lines(tmp_path: Path):
+    """1.9 fed to an int input became 1; an oversized int, a broken or binary line aborted the
+    whole run with a traceback. Each is now that line's own error."""
+    onnx.save(onnx.parser.parse_model(NEG), tmp_path / "neg.onnx")
+    lines = [b'{"x": [[1.9, 2]]}', b'{"x": [[1, 2]]}', b'{"x": [[100000000000000000000000000000, 2]]}',
+             b'{"x": [[3000000000, 2]]}', b'{"x": [[1, 2], [3]]}', b"not json", b"\xff\xfe\x00garbage",
+             b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b'{"x": [[-4, 5]]}']
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    result = autobatch_cli("run", str(tmp_path / "neg.onnx"), "--inputs", str(tmp_path / "in.jsonl"), "-o",
+                           str(tmp_path / "out.jsonl"), "--no-progress")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r.get("outputs", {}).get("y") for r in records] == [None, [[-1, -2]], None, None, None, None, None, None,
+                                                                 [[4, -5]]]
+    errors = [r.get("error", "") for r in records]
+    assert "1.9 is not a int32 value" in errors[0] and "3000000000 is not a int32 value" in errors[3]
+    assert "integers past 64 bits" in errors[2] and "rectangular" in errors[4]
+    assert "not JSON" in errors[5] and "not JSON" in errors[6] and "nested too deeply" in errors[7]
+
+
+def test_run_refuses_an_npz_array_whose_header_lies_about_its_size(tmp_path: Path):
+    """A header declaring 10^12 elements in a few bytes: MemoryError and a traceback before."""
+    import io
+    import zipfile
+
+    onnx.save(onnx.parser.parse_model(NEG), tmp_path / "neg.onnx")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i4", "fortran_order": False, "shape": (10**12,)})
+    good = io.BytesIO()
+    np.save(good, np.array([[3, -1]], np.int32))
+    with zipfile.ZipFile(tmp_path / "in.npz", "w") as archive:
+        archive.writestr("0/x.npy", header.getvalue() + b"\0" * 16)
+        archive.writestr("1/x.npy", good.getvalue())
+    result = autobatch_cli("run", str(tmp_path / "neg.onnx"), "--inputs", str(tmp_path / "in.npz"), "-o",
+                           str(tmp_path / "out.jsonl"), "--no-progress")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert "declares shape [1000000000000]" in records[0]["error"] and records[1]["outputs"]["y"] == [[-3, 1]]
+
+
+def test_rewrite_check_of_a_model_saved_at_ir_14(tmp_path: Path):
+    """onnx 1.23 saves IR 14, which onnxruntime 1.31 refuses: --check printed its traceback."""
+    model = onnx.parser.parse_model('<ir_version: 14, opset_import: ["" : 21]> g (float[N, 2] x) => (float[N, 2] y) '
+                                    "{ a = Relu(x)  b = Relu(x)  y = Add(a, b) }")
+    onnx.save(model, tmp_path / "ir14.onnx")
+    result = autobatch_cli("rewrite", str(tmp_path / "ir14.onnx"), "-o", str(tmp_path / "out.onnx"), "--check")
+    assert result.returncode == 0 and "check: outputs equal" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "rewrite", "run"])
+def test_an_opset_onnx_does_not_define_is_one_line(tmp_path: Path, command: str):
+    model = onnx.parser.parse_model(NEG)
+    model.opset_import[0].version = 999
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "in.jsonl").write_text('{"x": [[1, 2]]}\n')
+    extra = {"inspect": [], "rewrite": ["-o", str(tmp_path / "o.onnx")],
+             "run": ["--inputs", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl")]}[command]
+    result = autobatch_cli(command, str(tmp_path / "m.onnx"), *extra)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "opset 999 of domain 'ai.onnx' is not one this onnx" in result.stderr
