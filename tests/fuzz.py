@@ -1,0 +1,415 @@
+"""A random-program fuzzer of the correctness contract.
+
+Each program is an ONNX model of ONE instance (``x [N, 4]`` floats and ``ids [N]`` word ids, N
+the instance's own length) whose nodes are a random DAG over the ops we batch and the ops we do
+not: elementwise ops with broadcasting, MatMul and Gemm by shared weights, products of two
+per-instance values (attention-like ``[N, N]``), concatenations along either axis, slices,
+reductions, Softmax and LayerNormalization, reshapes and transposes, embedding lookups, values
+computed from shapes (``Range(Shape(x)[0])``, ``Expand`` to another value's shape), an LSTM over
+the rows, and ops without a rule (TopK, CumSum, Pad, Trilu, Einsum, ArgMax feeding a lookup).
+Several instances of different lengths run batched through ``InferenceSession.run_batch`` on a
+backend; every instance's outputs must equal it run alone, and so must a second batch of the
+same shapes with other values (a stale plan would give the first batch's) and a third of a new
+mix. Floats compare within rtol 1e-5 and atol 1e-6 plus 1e-5 times the output's largest value:
+a ragged launch puts instances' rows through one larger BLAS call, whose summation order may
+differ, and later cancellation magnifies those last bits.
+
+    python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from autobatch import InferenceSession
+
+WIDTH, VOCAB, HIDDEN = 4, 8, 3
+Rows = tuple[int, int]  # k * N + c rows
+N = (1, 0)
+
+
+@dataclass
+class Value:
+    name: str
+    rows: Rows  # for an int64 id vector: its length
+    cols: int  # 0: a vector of ids [rows]
+
+
+@dataclass
+class Program:
+    """Nodes and shared constants being built, and the values so far."""
+
+    rng: random.Random
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    values: list[Value] = field(default_factory=list)
+    ops: collections.Counter = field(default_factory=collections.Counter)
+
+    def fresh(self, kind: str) -> str:
+        return f"{kind}{len(self.nodes)}_{len(self.constants)}"
+
+    def constant(self, array: np.ndarray) -> str:
+        name = self.fresh("k")
+        self.constants[name] = array
+        return name
+
+    def weight(self, *shape: int) -> str:
+        rng = np.random.default_rng(self.rng.randrange(1 << 30))
+        return self.constant((rng.standard_normal(shape) * 0.5).astype(np.float32))
+
+    def node(self, op: str, inputs: list[str], **attrs) -> str:
+        out = self.fresh("v")
+        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        self.ops[op] += 1
+        return out
+
+    def floats(self) -> list[Value]:
+        return [v for v in self.values if v.cols]
+
+    def pick(self, candidates: list[Value] | None = None) -> Value:
+        candidates = self.floats() if candidates is None else candidates
+        return self.rng.choice(candidates[-6:] if self.rng.random() < 0.7 else candidates)
+
+    def add(self, name: str, rows: Rows, cols: int) -> None:
+        self.values.append(Value(name, rows, cols))
+
+
+def _ints(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+UNARY = ("Relu", "Tanh", "Sigmoid", "Neg", "Abs", "Softplus", "Erf", "LeakyRelu", "Elu", "HardSigmoid", "Sin",
+         "Floor", "Sign")
+BINARY = ("Add", "Sub", "Mul", "Max", "Min")
+REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceLogSumExp")
+
+
+def unary(p: Program) -> None:
+    a = p.pick()
+    p.add(p.node(p.rng.choice(UNARY), [a.name]), a.rows, a.cols)
+
+
+def binary(p: Program) -> None:
+    a = p.pick()
+    same = [v for v in p.floats() if (v.rows, v.cols) == (a.rows, a.cols)]
+    b = p.pick(same)
+    p.add(p.node(p.rng.choice(BINARY), [a.name, b.name]), a.rows, a.cols)
+
+
+def shared_operand(p: Program) -> None:  # a bias row, a scale, a column: broadcast from a shared value
+    a = p.pick()
+    shape = p.rng.choice([(a.cols,), (1, a.cols), ()])
+    p.add(p.node(p.rng.choice(("Add", "Mul", "Sub")), [a.name, p.weight(*shape)]), a.rows, a.cols)
+
+
+def broadcast_row(p: Program) -> None:  # each instance's mean row added back to its rows
+    a = p.pick()
+    mean = p.node("ReduceMean", [a.name, p.constant(_ints(0))], keepdims=1)
+    p.add(p.node("Add", [a.name, mean]), a.rows, a.cols)
+
+
+def matmul(p: Program) -> None:
+    a = p.pick()
+    cols = p.rng.randint(1, 5)
+    p.add(p.node("MatMul", [a.name, p.weight(a.cols, cols)]), a.rows, cols)
+
+
+def gemm(p: Program) -> None:
+    a = p.pick()
+    cols = p.rng.randint(1, 5)
+    trans = p.rng.random() < 0.5
+    weight = p.weight(cols, a.cols) if trans else p.weight(a.cols, cols)
+    p.add(p.node("Gemm", [a.name, weight, p.weight(cols)], transB=int(trans), alpha=0.5), a.rows, cols)
+
+
+def attention(p: Program) -> None:  # softmax(a b^T) c: per-instance [rows_a, rows_b] scores
+    a = p.pick()
+    keys = [v for v in p.floats() if v.cols == a.cols]
+    b = p.pick(keys)
+    scores = p.node("MatMul", [a.name, p.node("Transpose", [b.name], perm=[1, 0])])
+    weights = p.node("Softmax", [scores], axis=-1)
+    values = [v for v in p.floats() if v.rows == b.rows]
+    c = p.pick(values)
+    p.add(p.node("MatMul", [weights, c.name]), a.rows, c.cols)
+
+
+def concat(p: Program) -> None:
+    a = p.pick()
+    if p.rng.random() < 0.5:
+        partners = [v for v in p.floats() if v.rows == a.rows and v.cols + a.cols <= 8]
+        if partners:
+            b = p.pick(partners)
+            p.add(p.node("Concat", [a.name, b.name], axis=1), a.rows, a.cols + b.cols)
+            return
+    partners = [v for v in p.floats() if v.cols == a.cols and v.rows[0] + a.rows[0] <= 2 and v.rows[1] + a.rows[1] <= 3]
+    if partners:
+        b = p.pick(partners)
+        p.add(p.node("Concat", [a.name, b.name], axis=0), (a.rows[0] + b.rows[0], a.rows[1] + b.rows[1]), a.cols)
+
+
+def slice_(p: Program) -> None:
+    a = p.pick()
+    if p.rng.random() < 0.5 and a.cols > 1:
+        start = p.rng.randrange(a.cols - 1)
+        end = p.rng.randint(start + 1, a.cols)
+        p.add(p.node("Slice", [a.name, p.constant(_ints(start)), p.constant(_ints(end)), p.constant(_ints(1))]),
+              a.rows, end - start)
+    else:  # the first row of each instance
+        p.add(p.node("Slice", [a.name, p.constant(_ints(0)), p.constant(_ints(1)), p.constant(_ints(0))]), (0, 1), a.cols)
+
+
+def reduce(p: Program) -> None:
+    a = p.pick()
+    axis = p.rng.randrange(2)
+    out = p.node(p.rng.choice(REDUCE), [a.name, p.constant(_ints(axis))], keepdims=1)
+    p.add(out, (0, 1) if axis == 0 else a.rows, a.cols if axis == 0 else 1)
+
+
+def normalize(p: Program) -> None:
+    a = p.pick()
+    kind = p.rng.choice(("Softmax", "LogSoftmax", "LayerNormalization"))
+    if kind == "LayerNormalization":
+        p.add(p.node(kind, [a.name, p.weight(a.cols), p.weight(a.cols)], axis=-1), a.rows, a.cols)
+    else:
+        p.add(p.node(kind, [a.name], axis=p.rng.choice((-1, 0))), a.rows, a.cols)
+
+
+def transpose(p: Program) -> None:  # of a value with a fixed number of rows: [c, cols] -> [cols, c]
+    fixed = [v for v in p.floats() if v.rows[0] == 0]
+    if not fixed:
+        return unary(p)
+    a = p.pick(fixed)
+    p.add(p.node("Transpose", [a.name], perm=[1, 0]), (0, a.cols), a.rows[1])
+
+
+def reshape(p: Program) -> None:
+    a = p.pick([v for v in p.floats() if v.cols in (2, 4, 6, 8)] or p.floats())
+    if a.cols % 2:
+        return
+    split = p.node("Reshape", [a.name, p.constant(_ints(-1, 2, a.cols // 2))])
+    swapped = p.node("Transpose", [split], perm=[0, 2, 1])
+    p.add(p.node("Reshape", [swapped, p.constant(_ints(-1, a.cols))]), a.rows, a.cols)
+
+
+def lookup(p: Program) -> None:
+    ids = p.pick([v for v in p.values if not v.cols])
+    p.add(p.node("Gather", [p.weight(VOCAB, WIDTH), ids.name], axis=0), ids.rows, WIDTH)
+
+
+def positions(p: Program) -> None:  # Range(0, Shape(a)[0]): position ids computed from a shape
+    a = p.pick()
+    length = p.node("Gather", [p.node("Shape", [a.name]), p.constant(np.array(0, np.int64))], axis=0)
+    ids = p.node("Range", [p.constant(np.array(0, np.int64)), length, p.constant(np.array(1, np.int64))])
+    clipped = p.node("Min", [ids, p.constant(np.array(VOCAB - 1, np.int64))])
+    p.values.append(Value(clipped, a.rows, 0))
+
+
+def expand(p: Program) -> None:  # a shared row expanded to another value's shape
+    a = p.pick()
+    p.add(p.node("Expand", [p.weight(1, a.cols), p.node("Shape", [a.name])]), a.rows, a.cols)
+
+
+def lstm(p: Program) -> None:
+    a = p.pick()
+    x = p.node("Unsqueeze", [a.name, p.constant(_ints(1))])
+    gates = 4 * HIDDEN
+    y = p.node("LSTM", [x, p.weight(1, gates, a.cols), p.weight(1, gates, HIDDEN), p.weight(1, 2 * gates)],
+               hidden_size=HIDDEN, direction=p.rng.choice(("forward", "reverse")))
+    p.add(p.node("Squeeze", [y, p.constant(_ints(1, 2))]), a.rows, HIDDEN)
+
+
+def no_rule(p: Program) -> None:  # ops that run one instance at a time inside the plan
+    a = p.pick()
+    kind = p.rng.choice(("TopK", "CumSum", "Pad", "Trilu", "Einsum", "ArgMax"))
+    if kind == "TopK":
+        k = p.rng.randint(1, a.cols)
+        values = p.fresh("v")
+        p.nodes.append(helper.make_node("TopK", [a.name, p.constant(_ints(k))], [values, values + "i"], axis=1))
+        p.ops["TopK"] += 1
+        p.add(values, a.rows, k)
+    elif kind == "CumSum":
+        p.add(p.node("CumSum", [a.name, p.constant(np.array(p.rng.randrange(2), np.int64))],
+                     reverse=p.rng.randrange(2)), a.rows, a.cols)
+    elif kind == "Pad":
+        p.add(p.node("Pad", [a.name, p.constant(_ints(0, 1, 0, 1))]), a.rows, a.cols + 2)
+    elif kind == "Trilu":
+        p.add(p.node("Trilu", [a.name], upper=p.rng.randrange(2)), a.rows, a.cols)
+    elif kind == "Einsum":
+        cols = p.rng.randint(1, 4)
+        p.add(p.node("Einsum", [a.name, p.weight(a.cols, cols)], equation="ij,jk->ik"), a.rows, cols)
+    else:
+        ids = p.node("ArgMax", [a.name], axis=1, keepdims=0)
+        p.values.append(Value(ids, a.rows, 0))
+
+
+def where(p: Program) -> None:
+    a = p.pick()
+    b = p.pick([v for v in p.floats() if (v.rows, v.cols) == (a.rows, a.cols)])
+    condition = p.node("Greater", [a.name, p.constant(np.array(0, np.float32))])
+    p.add(p.node("Where", [condition, a.name, b.name]), a.rows, a.cols)
+
+
+def cast(p: Program) -> None:
+    a = p.pick()
+    wide = p.node("Cast", [a.name], to=TensorProto.DOUBLE)
+    p.add(p.node("Cast", [p.node("Tanh", [wide])], to=TensorProto.FLOAT), a.rows, a.cols)
+
+
+STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
+    "unary": (3, unary), "binary": (3, binary), "shared": (2, shared_operand), "broadcast_row": (1, broadcast_row),
+    "matmul": (3, matmul), "gemm": (1, gemm), "attention": (1.5, attention), "concat": (1.5, concat),
+    "slice": (1, slice_), "reduce": (1.5, reduce), "normalize": (1.5, normalize), "transpose": (0.5, transpose),
+    "reshape": (0.7, reshape), "lookup": (1, lookup), "positions": (0.7, positions), "expand": (0.7, expand),
+    "lstm": (0.6, lstm), "no_rule": (1.5, no_rule), "where": (0.7, where), "cast": (0.5, cast),
+}
+
+
+def random_program(seed: int, steps: int | None = None) -> tuple[onnx.ModelProto, collections.Counter]:
+    """A one-instance model (inputs ``x [N, 4]``, ``ids [N]``) of ``steps`` random steps, and the
+    ops it holds."""
+    p = Program(random.Random(seed))
+    p.values = [Value("x", N, WIDTH), Value("ids", N, 0)]
+    names, weights = list(STEPS), [w for w, _ in STEPS.values()]
+    for _ in range(steps or p.rng.randint(3, 14)):
+        STEPS[p.rng.choices(names, weights)[0]][1](p)
+    computed = [v for v in p.floats() if v.name != "x"]
+    if not computed:
+        p.add(p.node("Identity", ["x"]), N, WIDTH)
+        computed = p.floats()[-1:]
+    outputs = list(dict.fromkeys([computed[-1].name, p.rng.choice(computed).name]))
+    graph = helper.make_graph(
+        p.nodes, f"fuzz{seed}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", WIDTH]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        [numpy_helper.from_array(array, name) for name, array in p.constants.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    for output in model.graph.output:  # onnx's checker wants output shapes: give their ranks
+        output.type.tensor_type.shape.SetInParent()
+        output.type.tensor_type.shape.dim.add().dim_param = "R"
+        output.type.tensor_type.shape.dim.add().dim_param = "C"
+    return model, p.ops
+
+
+def instances(rng: np.random.Generator, lengths: list[int]) -> list[dict[str, np.ndarray]]:
+    return [{"x": rng.standard_normal((n, WIDTH)).astype(np.float32), "ids": rng.integers(0, VOCAB, n)}
+            for n in lengths]
+
+
+def close(got: np.ndarray, want: np.ndarray) -> str | None:
+    """Why a batched output differs from the instance's alone, or None (the tolerance above)."""
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"{got.dtype}{list(got.shape)} batched, {want.dtype}{list(want.shape)} alone"
+    scale = float(np.nanmax(np.abs(want), initial=0.0)) if want.size and np.isfinite(want).any() else 0.0
+    if not np.allclose(got, want, rtol=1e-5, atol=1e-6 + 1e-5 * scale, equal_nan=True):
+        return f"largest difference {float(np.nanmax(np.abs(got.astype(np.float64) - want))):.3g} (scale {scale:.3g})"
+    return None
+
+
+@dataclass
+class Outcome:
+    programs: int = 0
+    instances: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # a batch that raised where every instance ran alone
+    alone_failed: int = 0  # programs whose one-instance run raised (not a batching question)
+    flat: int = 0  # batches the flat path took
+    ops: collections.Counter = field(default_factory=collections.Counter)
+
+
+def check_program(seed: int, backend: str, outcome: Outcome) -> None:
+    model, ops = random_program(seed)
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.integers(1, 7, int(rng.integers(2, 7)))]
+    first = instances(rng, lengths)
+    batches = [first, instances(rng, lengths),  # the same shapes, other values: no stale plan
+               instances(rng, [int(n) for n in rng.permutation(lengths)[:max(2, len(lengths) - 1)]] + [7])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            session = InferenceSession(model, backend=backend)
+            alone = [[session.run(None, feeds) for feeds in batch] for batch in batches]
+        except Exception:  # noqa: BLE001 - the instance alone cannot run it: nothing to compare
+            outcome.alone_failed += 1
+            return
+        outcome.programs += 1
+        outcome.ops.update(ops)
+        for b, (batch, wanted) in enumerate(zip(batches, alone)):
+            outcome.instances += len(batch)
+            try:
+                got = session.run_batch(None, batch)
+            except Exception as error:  # noqa: BLE001 - a batching failure: what the fuzzer looks for
+                outcome.errors.append(f"seed {seed} {backend} batch {b}: {type(error).__name__}: {error}"[:500])
+                return
+            outcome.flat += session.general_path_reason is None
+            for k, (outputs, expected) in enumerate(zip(got, wanted)):
+                for j, (g, w) in enumerate(zip(outputs, expected)):
+                    why = close(g, w)
+                    if why:
+                        outcome.mismatches.append(f"seed {seed} {backend} batch {b} instance {k} (lengths "
+                                                  f"{[len(f['x']) for f in batch]}) output {j}: {why}")
+
+
+def fuzz(seeds: range, backends: list[str], minutes: float | None = None, progress: bool = False) -> dict[str, Outcome]:
+    outcomes = {backend: Outcome() for backend in backends}
+    stop = time.monotonic() + minutes * 60 if minutes else None
+    start = time.monotonic()
+    for count, seed in enumerate(seeds, 1):
+        if stop is not None and time.monotonic() > stop:
+            break
+        for backend in backends:
+            try:
+                check_program(seed, backend, outcomes[backend])
+            except Exception:  # noqa: BLE001 - the fuzzer itself must go on, and say what broke
+                outcomes[backend].errors.append(f"seed {seed} {backend}: " + traceback.format_exc(limit=3)[-500:])
+        if progress and count % 100 == 0:
+            done = "; ".join(f"{b}: {o.programs} programs, {len(o.mismatches)} mismatches, {len(o.errors)} errors"
+                             for b, o in outcomes.items())
+            print(f"[{time.monotonic() - start:6.0f} s] seed {seed}: {done}", file=sys.stderr, flush=True)
+    return outcomes
+
+
+def report(outcomes: dict[str, Outcome]) -> str:
+    lines = []
+    for backend, o in outcomes.items():
+        lines.append(f"{backend}: {o.programs} programs ({o.instances} instances in {3 * o.programs} batches, "
+                     f"{o.flat} by the flat path), {len(o.mismatches)} mismatches, {len(o.errors)} batch errors, "
+                     f"{o.alone_failed} programs whose one-instance run raised")
+        lines += [f"  {line}" for line in (o.mismatches + o.errors)[:10]]
+    ops = collections.Counter()
+    for o in outcomes.values():
+        ops.update(o.ops)
+    lines.append("ops exercised: " + ", ".join(f"{op} {n}" for op, n in ops.most_common()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--programs", type=int, default=1000, help="programs per backend (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="the first program's seed (default 0)")
+    parser.add_argument("--backends", nargs="+", choices=["numpy", "onnxruntime"], default=["numpy", "onnxruntime"])
+    parser.add_argument("--minutes", type=float, help="stop after this long, whatever is left")
+    args = parser.parse_args(argv)
+    if args.programs < 1:
+        parser.error("--programs must be positive")
+    start = time.perf_counter()
+    outcomes = fuzz(range(args.seed, args.seed + args.programs), args.backends, args.minutes, progress=True)
+    print(report(outcomes))
+    print(f"{time.perf_counter() - start:.0f} s")
+    return 1 if any(o.mismatches or o.errors for o in outcomes.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
