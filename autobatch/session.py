@@ -142,7 +142,10 @@ class InferenceSession:
         return list(self.graph.outputs)
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
-        """One instance, unbatched."""
+        """One instance, unbatched. A model with control flow is checked to unroll within
+        ``max_unrolled_nodes`` first: a trip count given with the feeds must not run away."""
+        if self._control_flow:
+            self.check(feeds)
         if self.backend == "onnxruntime" and not self._empty_recurrent_layer(feeds):
             outputs = dict(zip(self.graph.outputs, self._single.run(dict(feeds))))
             return [outputs[name] for name in self._output_names(output_names)]

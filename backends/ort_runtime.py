@@ -106,7 +106,7 @@ def session_options(threads: int = 0, spinning: bool = False) -> ort.SessionOpti
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # errors come back as exceptions, which we report: no second copy on stderr
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return options
 

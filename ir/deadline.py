@@ -30,6 +30,12 @@ def deadline(seconds: float | None) -> Iterator[None]:
         _local.at = outer
 
 
+def remaining() -> float | None:
+    """Seconds left before this thread's deadline (None: no deadline)."""
+    at = getattr(_local, "at", None)
+    return None if at is None else at - time.monotonic()
+
+
 def check_deadline() -> None:
     at = getattr(_local, "at", None)
     if at is not None and time.monotonic() > at:

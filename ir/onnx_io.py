@@ -40,11 +40,12 @@ def load_model(source: ModelSource) -> ModelProto:
         model = _parse(data, what)
     _check_tensor_sizes(model)
     _check_opsets(model)
+    _check_loops(model.graph)
     _load_external_data(model, base_dir)
     try:
         onnx.checker.check_model(model)
-    except (onnx.checker.ValidationError, ValueError) as error:
-        raise OnnxImportError(f"invalid ONNX model: {error}") from None
+    except (onnx.checker.ValidationError, ValueError) as error:  # its context on lines of their own: one line
+        raise OnnxImportError(f"invalid ONNX model: {' '.join(str(error).split())}") from None
     return model
 
 
@@ -62,6 +63,17 @@ def _check_opsets(model: ModelProto) -> None:
         if newest is not None and not 1 <= opset.version <= newest:
             raise OnnxImportError(f"opset {opset.version} of domain {opset.domain or 'ai.onnx'!r} is not one this onnx "
                                   f"{onnx.__version__} defines (1 to {newest})")
+
+
+def _check_loops(graph: onnx.GraphProto) -> None:
+    """Refuse a Loop given neither a trip count nor a condition: by the spec it never ends."""
+    for node in graph.node:
+        if node.op_type == "Loop" and node.domain in ("", "ai.onnx") and not any(node.input[:2]):
+            raise OnnxImportError(f"Loop {node.name or node.output[0]!r} has neither a trip count nor a condition: "
+                                  "it would never end")
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _check_loops(sub)
 
 
 def _parse(data: bytes, what: str) -> ModelProto:

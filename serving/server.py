@@ -25,6 +25,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -95,7 +96,12 @@ def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_B
         routes += [Route(prefix, _errors_as_json(model_metadata)),
                    Route(prefix + "/ready", _errors_as_json(model_ready)),
                    Route(prefix + "/infer", _errors_as_json(infer), methods=["POST"])]
-    return Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, error: Exception) -> Response:  # unknown routes, wrong methods
+        assert isinstance(error, HTTPException)
+        return JSONResponse({"error": f"{error.detail}: {request.method} {request.url.path}"},
+                            status_code=error.status_code, headers=error.headers)
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
 
 def _errors_as_json(handler: Handler) -> Handler:
