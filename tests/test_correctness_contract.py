@@ -206,3 +206,20 @@ def test_recurrent_layers_over_nothing_do_not_abort_onnxruntime():
                           capture_output=True, text=True, cwd=root, timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+def test_normalizing_over_an_empty_axis_gives_an_empty_result(backend, op):
+    """NumPy's Softmax over an axis of length 0 raised (the max of no values)."""
+    model = parse(f"""<ir_version: 8, opset_import: ["" : 17]> g (float[A, B] x) => (float[A, B] y) {{ y = {op}<axis = 1>(x) }}""")
+    session = InferenceSession(model, backend=backend)
+    instances = [{"x": np.zeros((2, 0), np.float32)}, {"x": np.zeros((0, 3), np.float32)}, {"x": np.ones((2, 3), np.float32)}]
+    batched = assert_batched_equals_alone(session, instances)
+    assert batched[0][0].shape == (2, 0)
+
+
+def test_argmax_over_an_empty_axis_is_a_clear_error():
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]> g (float[A, B] x) => (int64[A] y) { y = ArgMax<axis = 1, keepdims = 0>(x) }""")
+    with pytest.raises(Exception, match="ArgMax over axis 1 of length 0: there is no index to give"):
+        InferenceSession(model).run(None, {"x": np.zeros((2, 0), np.float32)})

@@ -142,6 +142,8 @@ for _op, (_fn, _attr_versions, _input_versions) in _REDUCE.items():
 
 def _arg_reduce(fn: Callable[..., np.ndarray], ctx: NodeContext, x: np.ndarray) -> np.ndarray:
     axis = normalize_axis(ctx.get("axis", 0), x.ndim)
+    if x.shape[axis] == 0:
+        raise ValueError(f"{ctx.op_type} over axis {axis} of length 0: there is no index to give")
     if ctx.get("select_last_index", 0):
         index = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis)
     else:
@@ -191,11 +193,16 @@ def _coerced_2d(fn: AxisFn, x: np.ndarray, axis: int) -> np.ndarray:
 
 def _register_axis_op(op_type: str, fn: AxisFn) -> None:
     # A row of -inf gives NaN (inf - inf), as in every ONNX runtime: no warning for it.
+    # Over no values (an axis of length 0, or no rows) the result is as empty as the input.
     def coerced(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
+        if x.size == 0:
+            return x.copy()
         with np.errstate(invalid="ignore"):
             return as_array(_coerced_2d(fn, x, ctx.get("axis", 1)))
 
     def per_axis(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
+        if x.size == 0:
+            return x.copy()
         with np.errstate(invalid="ignore"):
             return as_array(fn(x, normalize_axis(ctx.get("axis", -1), x.ndim)))
 
