@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return _dispatch(parser, args)
-    except (OSError, ValueError, RuntimeError) as error:  # our errors name what is wrong: one line
+    except (OSError, ValueError, RuntimeError, MemoryError) as error:  # our errors name what is wrong: one line
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"autobatch {args.command}: error: {message}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.session import InferenceSession, batched_else_alone
 
 Print = Callable[[str], None]
+RANDOM_FEED_ELEMENTS = 10**8  # the most elements a made-up input may have
 
 
 def random_feeds(graph: Graph, rng: np.random.Generator, symbolic: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
@@ -36,6 +37,9 @@ def random_feeds(graph: Graph, rng: np.random.Generator, symbolic: Mapping[str, 
         if vtype is None or vtype.shape is None or vtype.dtype is None:
             raise FeedError(f"input {name!r} has no declared dtype and shape; random inputs need them")
         shape = [d if isinstance(d, int) else sizes.setdefault(str(d), int(rng.integers(1, 9))) for d in vtype.shape]
+        if math.prod(shape) > RANDOM_FEED_ELEMENTS:
+            raise FeedError(f"input {name!r} declares shape {shape} ({math.prod(shape)} elements): too large to make "
+                            f"up random values for (at most {RANDOM_FEED_ELEMENTS})")
         if vtype.dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(vtype.dtype)
         elif vtype.dtype.kind == "b":

@@ -88,7 +88,7 @@ def _decode_tensor(tensor: Any, binary: memoryview) -> tuple[str, np.ndarray, in
         if "data" not in tensor:
             raise BadRequest(f"input {name!r} has no 'data'")
         data = np.asarray(tensor["data"])
-        if data.dtype.kind not in "biuf" or (data.dtype.kind == "f" and dtype.kind in "biu"):
+        if data.size and (data.dtype.kind not in "biuf" or (data.dtype.kind == "f" and dtype.kind in "biu")):  # [] is float64
             raise BadRequest(f"input {name!r}: data are not {tensor['datatype']} numbers")
         if data.size != size:
             raise BadRequest(f"input {name!r}: {data.size} values for shape {shape}")

@@ -162,6 +162,8 @@ MODELS: dict[str, Callable[[], bytes]] = {
     "Loop whose condition never turns false": lambda: _loop("", "go"),
     "Loop of a trip count from the request": lambda: _loop("m", ""),
     "string tensors": lambda: _bytes(parse("g (string[N] x) => (string[N] y) { y = Identity(x) }")),
+    "an input declaring 10^12 elements": lambda: _bytes(parse(
+        "g (float[1000000, 1000000] x) => (float[1000000, 1000000] y) { y = Relu(x) }")),
     "integer division by zero": lambda: _bytes(parse("g (int32[N] x) => (int32[N] y) <int32 z = {0}> { y = Div(x, z) }")),
 }
 

@@ -220,3 +220,88 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(tmp_path):
     bad = [o for o in outcomes if o not in ("ok", "503", "refused")]
     assert served > 50 and not bad, (served, bad[:5])
     assert len(outcomes) - served <= 16  # each client stopped at its first refusal
+
+
+GRU = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 3] x) => (float[N, 2] y) <int64[1] one = {1}, int64[2] squeeze = {1, 2}> {
+        s = Unsqueeze(x, one)
+        h = GRU<hidden_size = 2>(s, W, R)
+        y = Squeeze(h, squeeze)
+    }""")
+GRU.graph.initializer.extend([onnx.numpy_helper.from_array(np.full((1, 6, 3), 0.3, np.float32), "W"),
+                              onnx.numpy_helper.from_array(np.full((1, 6, 2), -0.2, np.float32), "R")])
+
+
+def test_a_storm_of_valid_broken_vanishing_and_runaway_requests(tmp_path):
+    """Valid requests of four models (two on onnxruntime, with empty sequences among them)
+    interleaved with malformed bodies, wrong dtypes, runaway trip counts, clients that vanish
+    mid-request and bodies that never finish: every valid request gets its right answer."""
+    from tests.test_serving import LSTM_TAGGER
+
+    registry = ModelRegistry([
+        Engine(MODEL, name="tagger", batch_wait_timeout_s=0.01),
+        Engine(LSTM_TAGGER, name="lstm", batch_wait_timeout_s=0.01, backend="onnxruntime"),
+        Engine(GRU, name="gru", batch_wait_timeout_s=0.01, backend="onnxruntime"),
+        Engine(LOOP, name="loop", batch_wait_timeout_s=0.01, max_unrolled_nodes=3_000),
+    ])
+    alone = {name: InferenceSession(model, backend=backend) for name, model, backend in (
+        ("tagger", MODEL, "numpy"), ("lstm", LSTM_TAGGER, "onnxruntime"), ("gru", GRU, "onnxruntime"),
+        ("loop", LOOP, "numpy"))}
+    limits = Limits(body_timeout_s=0.5, head_timeout_s=0.5)
+
+    def valid(rng: np.random.Generator) -> tuple[str, dict, bytes]:
+        name = rng.choice(["tagger", "lstm", "gru", "loop"])
+        n = int(rng.integers(0, 7))
+        if name == "tagger":
+            feeds = instance(max(n, 1), int(rng.integers(1 << 30)))
+        elif name == "lstm":
+            feeds = {"ids": rng.integers(0, 30, n)}
+        elif name == "gru":
+            feeds = {"x": rng.standard_normal((n, 3)).astype(np.float32)}
+        else:
+            feeds = {"m": np.array(n, np.int64), "x": rng.standard_normal(2).astype(np.float32)}
+        inputs = [{"name": k, "shape": list(v.shape), "datatype": {"f": "FP32", "i": "INT64"}[v.dtype.kind],
+                   "data": v.ravel().tolist()} for k, v in feeds.items()]
+        return name, feeds, json.dumps({"inputs": inputs}).encode()
+
+    def client(seed: int, port: int) -> list[str]:
+        rng = np.random.default_rng(seed)
+        problems = []
+        for _ in range(20):
+            kind = rng.choice(["valid"] * 6 + ["malformed", "dtype", "runaway", "vanish", "trickle"])
+            if kind == "valid":
+                name, feeds, body = valid(rng)
+                status, answer = post(port, f"/v2/models/{name}/infer", body)
+                want = alone[name].run(None, feeds)
+                if status != 200:
+                    problems.append(f"{name} {feeds}: {status} {answer}")
+                    continue
+                for output, expected in zip(answer["outputs"], want):
+                    got = np.array(output["data"], np.float32).reshape(output["shape"])
+                    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                        problems.append(f"{name} {feeds}: {got} where alone gives {expected}")
+            elif kind in ("malformed", "dtype", "runaway"):
+                body = {"malformed": b'{"inputs": [{"name": "x", ', "dtype": infer_body(instance(2, 0), datatype="FP64"),
+                        "runaway": loop_body(10**9)}[kind]
+                status, answer = post(port, "/v2/models/loop/infer" if kind == "runaway" else "/v2/models/tagger/infer",
+                                      body)
+                if status != 400:
+                    problems.append(f"{kind}: {status} {answer}")
+            else:
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    _, _, body = valid(rng)
+                    head = f"POST /v2/models/tagger/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                    sock.sendall(head.encode() + (body if kind == "vanish" else body[:5]))
+                    if kind == "trickle":
+                        sock.settimeout(10)
+                        if not sock.recv(100).startswith(b"HTTP/1.1 408"):
+                            problems.append("a trickled body did not get 408")
+        return problems
+
+    with serve_in_thread(registry, limits=limits) as running, ThreadPoolExecutor(12) as pool:
+        problems = sum(pool.map(lambda seed: client(seed, running.port), range(12)), [])
+        metrics = http.client.HTTPConnection("127.0.0.1", running.port, timeout=10)
+        metrics.request("GET", "/metrics")
+        text = metrics.getresponse().read().decode()
+    assert not problems, problems[:5]
+    assert 'code="500"' not in text  # nothing failed on our side
