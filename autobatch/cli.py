@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 1); queued and running requests are answered first")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
                        help="uvicorn's and ours (default info)")
+    serve.add_argument("--access-log", action="store_true", help="log a line for every request (default: off)")
     serve.add_argument("--no-batching", action="store_true", help="run every request alone (the baseline)")
     return parser
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
+import onnx
 from onnx import ModelProto
 
 from autobatch.backends import FeedError, Interpreter
@@ -66,6 +67,50 @@ class SessionStats:
                 f"{self.sessions_created} sessions created, {self.cache_hits} cache hits; {timing}")
 
 
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output as onnxruntime's ``NodeArg`` describes it: a dimension is its size,
+    its symbolic name, or None; the type reads like ``tensor(float)`` or ``seq(tensor(int64))``."""
+
+    name: str
+    shape: list[int | str | None] | None
+    type: str
+
+    @classmethod
+    def of(cls, graph: Graph, name: str) -> NodeArg:
+        vtype = graph.values[name].type
+        if vtype is None:
+            return cls(name, None, "unknown")
+        return cls(name, list(vtype.shape) if vtype.shape is not None else None, _type_name(vtype.proto))
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What onnxruntime's ``get_modelmeta()`` gives."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
+
+
+def _type_name(proto: Any) -> str:
+    kind = proto.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({onnx.TensorProto.DataType.Name(proto.tensor_type.elem_type).lower()})"
+    if kind == "sequence_type":
+        return f"seq({_type_name(proto.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_name(proto.optional_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.TensorProto.DataType.Name(proto.map_type.key_type).lower()
+        return f"map({key},{_type_name(proto.map_type.value_type)})"
+    return "unknown"
+
+
 @dataclass
 class _FlatPlan:
     """A flat plan with the constants it reads, kept per mix of input signatures: the feeds
@@ -93,16 +138,24 @@ class InferenceSession:
     shapes as an earlier one reuses that batch's plan.
     """
 
-    def __init__(self, model: ModelProto | Graph | bytes | str, backend: str = "numpy", scheduler: str = "level",
-                 providers: Sequence[str] | None = None, threads: int = 0, flat: bool = True,
-                 max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> None:
-        """``flat``: run batches by the flat path where they allow it (see ``autobatch.Batch``);
-        False always builds, rewrites and runs the batched IR graph. ``max_unrolled_nodes``: the
-        most nodes an instance's If, Loop and Scan may unroll into (``check`` and ``run_batch``
-        refuse an instance past it), so that a trip count given in a request cannot make a batch
-        of any size."""
+    def __init__(self, model: ModelProto | Graph | bytes | str, sess_options: Any = None,
+                 providers: Sequence[str] | None = None, *, backend: str | None = None, scheduler: str = "level",
+                 threads: int | None = None, flat: bool = True, max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> None:
+        """Called as onnxruntime's is: ``InferenceSession(path, sess_options, providers)``, where
+        ``sess_options`` is an ``onnxruntime.SessionOptions`` (its ``intra_op_num_threads`` is
+        read) and giving ``providers`` (or options) means the onnxruntime backend. ``backend``:
+        "numpy" (the default) or "onnxruntime"; ``threads``: onnxruntime's intra-op threads (0:
+        its own choice). ``flat``: run batches by the flat path where they allow it (see
+        ``autobatch.Batch``); False always builds, rewrites and runs the batched IR graph.
+        ``max_unrolled_nodes``: the most nodes an instance's If, Loop and Scan may unroll into
+        (``check``, ``run`` and ``run_batch`` refuse an instance past it), so that a trip count
+        given with the feeds cannot make a run of any size."""
+        if backend is None:
+            backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+        if threads is None:
+            threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
         self.graph = model if isinstance(model, Graph) else from_onnx(model)
         self.max_unrolled_nodes = max_unrolled_nodes
         self._unrolled: Recent = Recent(UNROLLED_KEPT)  # the values of a control-flow instance -> its graph
@@ -135,15 +188,27 @@ class InferenceSession:
             self._typed_graph(checked)
         return checked
 
-    def get_inputs(self) -> list[str]:
-        return list(self.graph.inputs)
+    def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs, as onnxruntime describes them (``.name``, ``.shape``, ``.type``)."""
+        return [NodeArg.of(self.graph, name) for name in self.graph.inputs]
 
-    def get_outputs(self) -> list[str]:
-        return list(self.graph.outputs)
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg.of(self.graph, name) for name in self.graph.outputs]
 
-    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
-        """One instance, unbatched. A model with control flow is checked to unroll within
-        ``max_unrolled_nodes`` first: a trip count given with the feeds must not run away."""
+    def get_providers(self) -> list[str]:
+        """onnxruntime's execution providers in order, or ``["NumpyInterpreter"]``."""
+        return list(self.cache.providers) if self.backend == "onnxruntime" else ["NumpyInterpreter"]
+
+    def get_modelmeta(self) -> ModelMetadata:
+        meta = self.graph.meta
+        return ModelMetadata(meta.get("producer_name", ""), self.graph.name, meta.get("domain", ""),
+                             meta.get("doc_string", ""), meta.get("graph_doc_string", ""),
+                             int(meta.get("model_version", 0) or 0), dict(meta.get("metadata_props", {})))
+
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list[Any]:
+        """One instance, unbatched, as onnxruntime's ``run`` (``run_options`` is accepted and
+        ignored). A model with control flow is checked to unroll within ``max_unrolled_nodes``
+        first: a trip count given with the feeds must not run away."""
         if self._control_flow:
             self.check(feeds)
         if self.backend == "onnxruntime" and not self._empty_recurrent_layer(feeds):

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from autobatch.backends import FeedError
 from autobatch.serving.errors import (
     BadRequest, InferenceFailed, ModelNotFound, QueueFull, RequestTimeout, ServingError, ShuttingDown,
 )
-from autobatch.serving.metrics import EngineMetrics, render
+from autobatch.serving.metrics import Duration, EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir.deadline import DeadlineExceeded, deadline
@@ -41,6 +41,7 @@ class _Request:
     outputs: list[str] | None
     future: asyncio.Future[Outputs]
     deadline: float = float("inf")  # time.monotonic() past which nobody waits for the result
+    arrived: float = field(default_factory=time.monotonic)
 
     def settle(self, result: Outputs | BaseException) -> None:
         if self.future.done():  # timed out or cancelled meanwhile: nobody is waiting
@@ -154,11 +155,14 @@ class Engine:
             self._queue.append(request)
             self._arrived.set()
             try:
-                return await asyncio.wait_for(asyncio.shield(future), limit)
+                result = await asyncio.wait_for(asyncio.shield(future), limit)
             except TimeoutError:
                 raise RequestTimeout(f"model {self.name!r}: no result within {limit} s") from None
+            self.metrics.succeeded.add(time.perf_counter() - start)
+            return result
         except ServingError as error:
             self.metrics.errors[error.status] += 1
+            self.metrics.failed.add(time.perf_counter() - start)
             raise
         finally:
             if request is not None and not request.future.done():  # timed out or the caller went away
@@ -254,7 +258,9 @@ class Engine:
         good ones batched when there are several, each alone when the batch fails (logged and
         counted) or is one. The work stops at the latest deadline of the batch's requests."""
         assert self._loop is not None
-        seconds = max(request.deadline for request in batch) - time.monotonic()
+        now = time.monotonic()
+        self.metrics.queued.add(sum(now - request.arrived for request in batch), len(batch))
+        seconds = max(request.deadline for request in batch) - now
         work = functools.partial(self._run, [request.feeds for request in batch], seconds)
         try:
             results, ran, fell_back = await self._loop.run_in_executor(self._executor, work)
@@ -262,6 +268,8 @@ class Engine:
             return [error] * len(batch)
         if ran:
             self.metrics.batch_sizes.observe(ran)
+            self.metrics.computed.setdefault(ran, Duration()).add(time.monotonic() - now)
+            self.metrics.last_inference_ms = int(time.time() * 1e3)
         if fell_back:
             self.metrics.batches_failed += 1
             self.metrics.instances_rerun += ran

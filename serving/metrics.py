@@ -37,6 +37,21 @@ class Histogram:
 
 
 @dataclass
+class Duration:
+    """How many of something, and their nanoseconds in all (Triton's statistics' unit)."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
 class EngineMetrics:
     """What one model's engine has done. Updated only on the engine's event loop."""
 
@@ -46,6 +61,26 @@ class EngineMetrics:
     instances_rerun: int = 0  # run alone after their batch failed
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    succeeded: Duration = field(default_factory=Duration)  # requests answered, and their latency
+    failed: Duration = field(default_factory=Duration)
+    queued: Duration = field(default_factory=Duration)  # from arrival until their batch ran
+    computed: dict[int, Duration] = field(default_factory=dict)  # batch size -> executions and their time
+    last_inference_ms: int = 0  # since the epoch
+
+    def stats_json(self, name: str) -> dict:
+        """This model's entry of Triton's statistics extension (``/v2/models/{name}/stats``)."""
+        compute = Duration(sum(d.count for d in self.computed.values()), sum(d.ns for d in self.computed.values()))
+        none = Duration().to_json()
+        return {
+            "name": name, "version": "1", "last_inference": self.last_inference_ms,
+            "inference_count": self.succeeded.count, "execution_count": compute.count,
+            "inference_stats": {"success": self.succeeded.to_json(), "fail": self.failed.to_json(),
+                                "queue": self.queued.to_json(), "compute_input": none,
+                                "compute_infer": compute.to_json(), "compute_output": none,
+                                "cache_hit": none, "cache_miss": none},
+            "batch_stats": [{"batch_size": size, "compute_input": none, "compute_infer": duration.to_json(),
+                             "compute_output": none} for size, duration in sorted(self.computed.items())],
+        }
 
 
 _HELP = {

@@ -66,11 +66,11 @@ class SessionRunner:
         return self.session.check(feeds)
 
     def run_batch(self, feeds_list: Sequence[Feeds]) -> list[Outputs | BaseException]:
-        names = self.session.get_outputs()
+        names = self.session.graph.outputs
         return [dict(zip(names, outputs)) for outputs in self.session.run_batch(None, feeds_list)]
 
     def run(self, feeds: Feeds) -> Outputs:
-        return dict(zip(self.session.get_outputs(), self.session.run(None, feeds)))
+        return dict(zip(self.session.graph.outputs, self.session.run(None, feeds)))
 
 
 ProgramFn = Callable[[Feeds], Coroutine[Any, Any, Any]]

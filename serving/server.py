@@ -2,9 +2,11 @@
 over a ``ModelRegistry``, run by uvicorn.
 
 Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``
-(metadata), ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer`` (each also under
-``/versions/{version}``, which is ignored) and ``GET /metrics`` (Prometheus text). Errors
-are ``{"error": "..."}`` with the status of the ``ServingError``. Shutdown is graceful:
+(metadata), ``/v2/models/{name}/ready``, ``/config`` and ``/stats`` (Triton's model
+configuration and statistics extensions), ``POST /v2/models/{name}/infer`` (each also under
+``/versions/{version}``, which is ignored), ``/v2/repository/index`` and ``GET /metrics``
+(Prometheus text). Errors on every route, unknown ones too, are ``{"error": "..."}`` with the
+status of the ``ServingError``. Shutdown is graceful:
 uvicorn stops accepting and lets open requests finish, then every engine drains its queue.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -66,6 +69,26 @@ def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_B
             "outputs": [spec.to_json() for spec in engine.runner.outputs],
         })
 
+    async def repository_index(request: Request) -> Response:
+        return JSONResponse([{"name": name, "version": "1", "state": "READY" if engine.ready else "UNAVAILABLE"}
+                             for name, engine in sorted(registry.engines.items())])
+
+    async def model_config(request: Request) -> Response:
+        engine = registry.get(request.path_params["name"])
+        return JSONResponse({
+            "name": engine.name, "platform": "autobatch", "backend": "autobatch",
+            "max_batch_size": engine.max_batch_size if engine.batching else 0,
+            "input": [_config_tensor(spec) for spec in engine.runner.inputs],
+            "output": [_config_tensor(spec) for spec in engine.runner.outputs],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(engine.batch_wait_timeout_s * 1e6)}
+            if engine.batching else {},
+        })
+
+    async def model_stats(request: Request) -> Response:
+        name = request.path_params.get("name")
+        engines = [registry.get(name)] if name is not None else [registry.engines[n] for n in sorted(registry.engines)]
+        return JSONResponse({"model_stats": [engine.metrics.stats_json(engine.name) for engine in engines]})
+
     async def model_ready(request: Request) -> Response:
         engine = registry.get(request.path_params["name"])
         return JSONResponse({"name": engine.name, "ready": engine.ready}, status_code=200 if engine.ready else 503)
@@ -91,10 +114,14 @@ def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_B
     routes = [Route("/v2", _errors_as_json(server_metadata)),
               Route("/v2/health/live", _errors_as_json(live)),
               Route("/v2/health/ready", _errors_as_json(ready)),
+              Route("/v2/repository/index", _errors_as_json(repository_index), methods=["GET", "POST"]),
+              Route("/v2/models/stats", _errors_as_json(model_stats)),  # before /v2/models/{name}
               Route("/metrics", _errors_as_json(metrics))]
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         routes += [Route(prefix, _errors_as_json(model_metadata)),
                    Route(prefix + "/ready", _errors_as_json(model_ready)),
+                   Route(prefix + "/config", _errors_as_json(model_config)),
+                   Route(prefix + "/stats", _errors_as_json(model_stats)),
                    Route(prefix + "/infer", _errors_as_json(infer), methods=["POST"])]
     async def http_error(request: Request, error: Exception) -> Response:  # unknown routes, wrong methods
         assert isinstance(error, HTTPException)
@@ -102,6 +129,13 @@ def create_app(registry: ModelRegistry, max_body_bytes: int = DEFAULT_MAX_BODY_B
                             status_code=error.status_code, headers=error.headers)
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+
+
+def _config_tensor(spec: Any) -> dict[str, Any]:
+    """An input or output as Triton's model configuration names it (``TYPE_FP32``, dims)."""
+    datatype = {"FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64", "BYTES": "TYPE_STRING"}.get(
+        spec.datatype, f"TYPE_{spec.datatype}")
+    return {"name": spec.name, "data_type": datatype, "dims": spec.shape}
 
 
 def _errors_as_json(handler: Handler) -> Handler:
@@ -239,16 +273,20 @@ class Limits:
     max_connections: int = MAX_CONNECTIONS
 
 
-def _config(registry: ModelRegistry, limits: Limits, log_level: str, **uvicorn_options: Any) -> uvicorn.Config:
+def _config(registry: ModelRegistry, limits: Limits, log_level: str, access_log: bool = False,
+            **uvicorn_options: Any) -> uvicorn.Config:
     return uvicorn.Config(create_app(registry, limits.max_body_bytes, limits.body_timeout_s), log_level=log_level,
+                          access_log=access_log,
                           lifespan="on", http=GuardedH11Protocol.limited(limits.head_timeout_s, limits.max_connections),
                           **uvicorn_options)
 
 
 def serve(registry: ModelRegistry, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(),
-          log_level: str = "info", drain_s: float = DRAIN_S) -> None:
-    """Serve until SIGINT/SIGTERM, then drain (``DrainingServer``) and return."""
-    DrainingServer(_config(registry, limits, log_level, host=host, port=port), registry, drain_s).run()
+          log_level: str = "info", drain_s: float = DRAIN_S, access_log: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM, then drain (``DrainingServer``) and return. ``access_log``:
+    a line a request (off: under load it is most of what a server prints)."""
+    logging.getLogger("autobatch").setLevel(log_level.upper())
+    DrainingServer(_config(registry, limits, log_level, access_log, host=host, port=port), registry, drain_s).run()
 
 
 @dataclass

@@ -301,3 +301,39 @@ def test_engine_serves_a_program_and_its_failures_stay_alone():
                 futures[-1].result()
     finally:
         engine.shutdown()
+
+
+def test_tritonclient_repository_config_and_statistics(server):
+    """tritonclient's own calls: they failed with 'Parse error' on plain-text 404s."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    client = httpclient.InferenceServerClient(url=server.url.removeprefix("http://"))
+    try:
+        index = client.get_model_repository_index()
+        assert {entry["name"] for entry in index} >= {"tagger", "lstm"} and index[0]["state"] == "READY"
+        config = client.get_model_config("tagger")
+        assert config["input"][0] == {"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}
+        assert config["max_batch_size"] == 32 and config["dynamic_batching"]["max_queue_delay_microseconds"] == 50_000
+        feeds = instance(3, 5)
+        inputs = []
+        for name, value in feeds.items():
+            tensor = httpclient.InferInput(name, list(value.shape), "FP32")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        before = client.get_inference_statistics("tagger")["model_stats"][0]
+        client.infer("tagger", inputs)
+        stats = client.get_inference_statistics("tagger")["model_stats"][0]
+        assert stats["name"] == "tagger" and stats["inference_count"] == before["inference_count"] + 1
+        assert stats["inference_stats"]["success"]["ns"] > before["inference_stats"]["success"]["ns"]
+        assert stats["execution_count"] >= 1 and stats["batch_stats"][0]["compute_infer"]["count"] >= 1
+        every = client.get_inference_statistics()["model_stats"]
+        assert {s["name"] for s in every} >= {"tagger", "lstm", "faulty"}
+        with pytest.raises(Exception, match="unknown model 'nope'"):
+            client.get_model_config("nope")
+    finally:
+        client.close()
+
+
+def test_unknown_routes_and_methods_answer_json(server):
+    for method, path, status in (("GET", "/v2/nothing/here", 404), ("GET", "/v2/models/tagger/infer", 405)):
+        got, _, body = request(server, method, path)
+        assert got == status and body["error"].endswith(path), body

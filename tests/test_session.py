@@ -235,3 +235,30 @@ def test_demo_rejects_bad_arguments():
     result = subprocess.run([sys.executable, "-m", "autobatch", "demo", "--trees", "0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--trees and --size must be positive" in result.stderr
+
+
+def test_the_same_script_runs_on_onnxruntime_and_on_ours(tmp_path):
+    """What users write for onnxruntime runs unchanged on ``autobatch.InferenceSession``."""
+    import onnxruntime
+
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        tagger (float[N, 4] x, int64[N] ids) => (float[N, 4] y, int64[N] back) { y = Relu(x)  back = Identity(ids) }""")
+    model.producer_name, model.model_version, model.doc_string = "a test", 3, "two outputs"
+    onnx.helper.set_model_props(model, {"author": "us"})
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+
+    def script(session_class) -> tuple:
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = session_class(path, options, providers=["CPUExecutionProvider"])
+        inputs, outputs = session.get_inputs(), session.get_outputs()
+        feeds = {inputs[0].name: np.array([[1, -2, 3, -4]], np.float32), inputs[1].name: np.array([7])}
+        everything = session.run(None, feeds)
+        first = session.run([outputs[0].name], feeds, None)
+        meta = session.get_modelmeta()
+        return ([(a.name, a.shape, a.type) for a in inputs + outputs], [v.tolist() for v in everything + first],
+                session.get_providers(), (meta.producer_name, meta.graph_name, meta.description, meta.version,
+                                          meta.custom_metadata_map))
+
+    assert script(autobatch.InferenceSession) == script(onnxruntime.InferenceSession)
