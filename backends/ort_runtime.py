@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import io
 import logging
 import time
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +26,24 @@ log = logging.getLogger("autobatch.onnxruntime")
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 SESSIONS_KEPT = 512  # sessions a cache keeps, most recently used first (ever new structures would only grow it)
+
+
+def check_one_onnxruntime() -> None:
+    """Warn where both onnxruntime and onnxruntime-gpu are installed: they share the import name
+    and overwrite each other's files, so which one runs is an accident of install order."""
+    found = []
+    for distribution in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            found.append(f"{distribution} {importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if len(found) > 1:
+        warnings.warn(f"both {found[0]} and {found[1]} are installed; they share the import name 'onnxruntime' and "
+                      "overwrite each other's files: pip uninstall -y onnxruntime onnxruntime-gpu, then install one",
+                      RuntimeWarning, stacklevel=2)
+
+
+check_one_onnxruntime()
 
 
 @functools.cache

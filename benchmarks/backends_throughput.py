@@ -11,7 +11,6 @@ primitive ops. Every variant's losses are checked against that baseline before t
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from autobatch import arguments
 from autobatch.backends import Interpreter
 from autobatch.backends.ort_runtime import CPU, CUDA, SessionCache
 from autobatch.frontends import Batch
@@ -78,10 +78,10 @@ def compare(name: str, make: Callable[[str], Workload], repeats: int, providers:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minibatch", type=int, default=64)
-    parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after a warm-up (fastest kept)")
+    parser = arguments.parser("python -m benchmarks.backends_throughput", __doc__.split("\n\n")[0])
+    parser.add_argument("--minibatch", type=arguments.integer(1), default=64)
+    parser.add_argument("--size", type=arguments.integer(1), default=256)
+    parser.add_argument("--repeats", type=arguments.integer(1), default=2, help="timed rounds after a warm-up (fastest kept)")
     parser.add_argument("--providers", choices=["auto", "cpu", "cuda"], default="auto",
                         help="auto: CUDA when it loads, else the CPU")
     args = parser.parse_args()

@@ -9,11 +9,11 @@ with primitive ops, size 256.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from autobatch import arguments
 from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem
 from autobatch.batcher.problem import problem_from
 from autobatch.batcher.rewrite import has_rule
@@ -66,9 +66,9 @@ def chain_cost(depths: list[int], instances: int = 4, classes: int = 3) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minibatch", type=int, default=64)
-    parser.add_argument("--big-nodes", type=int, default=100_000)
+    parser = arguments.parser("python -m benchmarks.batcher_launches", __doc__.split("\n\n")[0])
+    parser.add_argument("--minibatch", type=arguments.integer(1), default=64)
+    parser.add_argument("--big-nodes", type=arguments.integer(1), default=100_000)
     parser.add_argument("--chain-depths", type=int, nargs="*", default=[1_000, 10_000, 100_000])
     args = parser.parse_args()
     chain_cost(args.chain_depths)

@@ -13,12 +13,12 @@ checked against onnxruntime's for that sentence first.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from autobatch import arguments
 from autobatch import InferenceSession
 from autobatch.datasets import wikiner_sentences
 from autobatch.ir.onnx_io import choose_ir_version
@@ -55,10 +55,10 @@ def build_model(words: int, size: int, seed: int = 0) -> onnx.ModelProto:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sentences", type=int, default=64)
-    parser.add_argument("--size", type=int, default=256, help="embedding = LSTM hidden = MLP hidden size")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = arguments.parser("python -m benchmarks.onnx_tagger", __doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=arguments.integer(1), default=64)
+    parser.add_argument("--size", type=arguments.integer(1), default=256, help="embedding = LSTM hidden = MLP hidden size")
+    parser.add_argument("--repeats", type=arguments.integer(1), default=5)
     args = parser.parse_args(argv)
     sentences, source = wikiner_sentences(limit=args.sentences)
     vocabulary = {w: k for k, w in enumerate(sorted({w for s in sentences for w, _ in s}))}

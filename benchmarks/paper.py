@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch import arguments
 from autobatch import Batch, run_programs
 from benchmarks import peers_dynet, peers_torch
 from benchmarks.tasks import TASKS, Task, build
@@ -531,12 +532,12 @@ def task_list(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments.parser("python -m benchmarks", __doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="correctness on a few small instances of every task")
-    parser.add_argument("--minibatch", type=int, default=64)
-    parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up (fastest kept)")
-    parser.add_argument("--one-at-a-time", type=int, default=16,
+    parser.add_argument("--minibatch", type=arguments.integer(1), default=64)
+    parser.add_argument("--size", type=arguments.integer(1), default=256)
+    parser.add_argument("--repeats", type=arguments.integer(0), default=3, help="timed rounds after one warm-up (fastest kept)")
+    parser.add_argument("--one-at-a-time", type=arguments.integer(1), default=16,
                         help="instances timed one at a time (the first ones of the minibatch)")
     parser.add_argument("--tasks", default=",".join(TASKS), type=task_list,
                         help=f"comma-separated, from {', '.join(TASKS)}")

@@ -215,7 +215,7 @@ class Models:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers_dynet", description=__doc__.split("\n\n")[0])
     parser.add_argument("--autobatch", type=int, required=True)
     parser.add_argument("--tasks", required=True)
     parser.add_argument("--count", type=int, required=True)

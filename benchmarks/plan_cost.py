@@ -9,11 +9,11 @@ its own), so a "new mix" pays planning and execution only.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from autobatch import arguments
 from autobatch import InferenceSession
 from benchmarks.serving_load import build_model
 
@@ -40,9 +40,9 @@ def mix_cost(backend: str, flat: bool, instances: int, mixes: int) -> tuple[floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", type=int, default=16)
-    parser.add_argument("--mixes", type=int, default=40)
+    parser = arguments.parser("python -m benchmarks.plan_cost", __doc__.splitlines()[0])
+    parser.add_argument("--instances", type=arguments.integer(1), default=16)
+    parser.add_argument("--mixes", type=arguments.integer(1), default=40)
     args = parser.parse_args(argv)
     print(f"{args.instances} instances a batch, lengths 1..{MAX_LENGTH}, {args.mixes} mixes")
     print(f"{'backend':12} {'path':8} {'new mix ms':>11} {'seen mix ms':>12}")

@@ -10,13 +10,13 @@ the fastest of ``--repeats`` runs; ratios are against the chunk size the library
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from autobatch import arguments
 from autobatch.batcher.sequences import CHUNK, chunks
 from autobatch.datasets import wikiner_sentences
 from autobatch.ir.onnx_io import choose_ir_version
@@ -50,10 +50,10 @@ def layer_session(direction: str, size: int, baked: bool, rng: np.random.Generat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=256, help="input = hidden size")
-    parser.add_argument("--sentences", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = arguments.parser("python -m benchmarks.sequence_chunks", __doc__.splitlines()[0])
+    parser.add_argument("--size", type=arguments.integer(1), default=256, help="input = hidden size")
+    parser.add_argument("--sentences", type=arguments.integer(1), default=64)
+    parser.add_argument("--repeats", type=arguments.integer(1), default=7)
     args = parser.parse_args(argv)
     sentences, source = wikiner_sentences(limit=args.sentences)
     lengths = [len(s) for s in sentences]

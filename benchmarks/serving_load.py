@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from autobatch import arguments
 from autobatch import InferenceSession
 from autobatch.ir.onnx_io import choose_ir_version
 
@@ -181,12 +182,12 @@ def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, ex
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=600)
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=32, help="lengths N are drawn from 1..max-length")
+    parser = arguments.parser("python -m benchmarks.serving_load", __doc__.splitlines()[0])
+    parser.add_argument("--requests", type=arguments.integer(1), default=600)
+    parser.add_argument("--clients", type=arguments.integer(1), default=32)
+    parser.add_argument("--max-length", type=arguments.integer(1), default=32, help="lengths N are drawn from 1..max-length")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per server, at most")
-    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-size", type=arguments.integer(1), default=32)
     parser.add_argument("--batch-wait-timeout-s", type=float, default=0.002)
     parser.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
     args = parser.parse_args()

@@ -101,7 +101,7 @@ LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "sequences": loss_se
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = argument_parser(__doc__.splitlines()[0], forms=tuple(LOSSES)).parse_args(argv)
+    args = argument_parser("bilstm_tagger", __doc__.splitlines()[0], forms=tuple(LOSSES)).parse_args(argv)
     sentences, source = wikiner_sentences(limit=args.instances)
     params = make_params(*make_vocabularies(sentences), size=args.size)
     tokens = sum(len(s) for s in sentences)

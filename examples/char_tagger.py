@@ -103,7 +103,7 @@ LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "sequences": loss_se
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argument_parser(__doc__.splitlines()[0], forms=tuple(LOSSES))
+    parser = argument_parser("char_tagger", __doc__.splitlines()[0], forms=tuple(LOSSES))
     parser.add_argument("--vocabulary-sentences", type=int, default=1696,
                         help="WikiNER sentences the word counts (the rare-word rule) come from")
     args = parser.parse_args(argv)

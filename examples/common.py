@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch import arguments
 from autobatch import Batch, Parameter, cell, ops
 from autobatch.frontends.cells import Cell
 
@@ -198,16 +199,20 @@ def measure_losses(loss: Callable[[Any, Params], Any], instances: Sequence[Any],
     return best
 
 
-def argument_parser(description: str, forms: Sequence[str], instances: int = 32, size: int = 64,
+def argument_parser(example: str, description: str, forms: Sequence[str], instances: int = 32, size: int = 64,
                     ) -> argparse.ArgumentParser:
-    """The examples' options; ``forms``: those the example is written in."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--instances", "-n", type=int, default=instances, help="minibatch size")
-    parser.add_argument("--size", type=int, default=size, help="embedding = hidden size")
+    """The options of ``python -m autobatch.examples.<example>``; ``forms``: those it is written in."""
+    parser = arguments.parser(f"python -m autobatch.examples.{example}", description,
+                              [f"python -m autobatch.examples.{example}",
+                               f"python -m autobatch.examples.{example} --instances 64 --size 256 --backends numpy "
+                               f"--forms {forms[-1]} --repeats 3"])
+    parser.add_argument("--instances", "-n", type=arguments.integer(1), default=instances, help="minibatch size")
+    parser.add_argument("--size", type=arguments.integer(1), default=size, help="embedding = hidden size")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated: numpy,onnxruntime")
     parser.add_argument("--forms", default=",".join(forms), help=f"comma-separated: {','.join(forms)}")
     parser.set_defaults(known_forms=tuple(forms))
-    parser.add_argument("--repeats", type=int, default=1, help="timed rounds after one warm-up (fastest kept)")
+    parser.add_argument("--repeats", type=arguments.integer(1), default=1,
+                        help="timed rounds after one warm-up (fastest kept)")
     return parser
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime
 
+from autobatch import arguments
 from autobatch.backends import Interpreter
 from autobatch.batcher import BatchingPass
 from autobatch.frontends import unroll_instance
@@ -56,11 +57,17 @@ def build_model(rng: np.random.Generator) -> onnx.ModelProto:
     return model
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments.parser("python -m autobatch.examples.loop_rnn", __doc__.split("\n\n")[0],
+                              ["python -m autobatch.examples.loop_rnn --instances 64 --max-length 80"])
+    parser.add_argument("--instances", type=arguments.integer(1), default=INSTANCES, help="sequences batched")
+    parser.add_argument("--max-length", type=arguments.integer(1), default=MAX_LENGTH,
+                        help="the longest sequence (the lengths spread evenly from 1)")
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     model = build_model(rng)
     graph = from_onnx(model)
-    lengths = np.linspace(1, MAX_LENGTH, INSTANCES).astype(int).tolist()
+    lengths = np.linspace(1, args.max_length, args.instances).astype(int).tolist()
     instances = [{"x": rng.standard_normal((t, D)).astype(np.float32), "h0": np.zeros(H, np.float32)}
                  for t in lengths]
 

@@ -206,7 +206,7 @@ def measure_parses(sentences: Sequence[Sentence], params: Params, form: str, bac
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = argument_parser(__doc__.splitlines()[0], forms=tuple(PARSERS)).parse_args(argv)
+    args = argument_parser("parser", __doc__.splitlines()[0], forms=tuple(PARSERS)).parse_args(argv)
     tagged, source = wikiner_sentences(limit=args.instances)
     sentences = [[w for w, _ in s] for s in tagged]
     params = make_params(make_vocabulary(sentences), size=args.size)

@@ -15,7 +15,6 @@ every answer against ``InferenceSession.run`` of that instance alone.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import tempfile
@@ -25,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+
+from autobatch import arguments
 
 MODEL_TEXT = """
 <ir_version: 9, opset_import: ["" : 18]>
@@ -85,16 +86,19 @@ def post(port: int, body: bytes) -> tuple[int, dict[str, Any], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import ray
-    from ray import serve
+    parser = arguments.parser("python -m autobatch.examples.ray_serve", "autobatch under Ray Serve (needs: pip install "
+                              "'ray[serve]')", ["python -m autobatch.examples.ray_serve --replicas 2 --requests 64"])
+    parser.add_argument("--replicas", type=arguments.integer(1), default=2, help="Ray Serve replicas of the engine")
+    parser.add_argument("--requests", type=arguments.integer(1), default=64, help="concurrent requests sent")
+    parser.add_argument("--port", type=arguments.integer(1, 65535), default=8123, help="Ray Serve's HTTP port")
+    args = parser.parse_args(argv)
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise SystemExit("this example needs Ray Serve: pip install 'ray[serve]'") from None
 
     from autobatch import InferenceSession
-
-    parser = argparse.ArgumentParser(description="autobatch under Ray Serve")
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--port", type=int, default=8123)
-    args = parser.parse_args(argv)
 
     rng = np.random.default_rng(0)
     instances = [{"x": rng.standard_normal((int(n), 4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}

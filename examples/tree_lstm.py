@@ -144,7 +144,7 @@ LOSSES = {"primitive": loss_primitive, "cells": loss_cells, "fold": loss_fold}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argument_parser(__doc__.splitlines()[0], forms=tuple(LOSSES))
+    parser = argument_parser("tree_lstm", __doc__.splitlines()[0], forms=tuple(LOSSES))
     parser.add_argument("--split", default="dev", help="SST split in ../shared/data/sst (train falls back to synthetic "
                                                        "when absent)")
     args = parser.parse_args(argv)

@@ -90,8 +90,9 @@ def test_missing_and_non_onnx_files(tmp_path: Path, command: str):
     extra = {"inspect": [], "rewrite": ["-o", str(tmp_path / "o.onnx")],
              "run": ["--inputs", str(tmp_path / "i.jsonl"), "-o", str(tmp_path / "o.jsonl")]}[command]
     (tmp_path / "i.jsonl").write_text("{}\n")
-    missing = autobatch_cli(command, str(tmp_path / "absent.onnx"), *extra)
-    assert missing.returncode == 1 and "no such file" in missing.stderr and len(missing.stderr.splitlines()) == 1
+    missing = autobatch_cli(command, str(tmp_path / "absent.onnx"), *extra)  # refused with the command's usage
+    assert missing.returncode == 2 and missing.stderr.startswith(f"usage: autobatch {command}")
+    assert missing.stderr.splitlines()[-1].endswith("absent.onnx: no such file")
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"this is not a model at all")
     garbage = autobatch_cli(command, str(junk), *extra)
@@ -146,7 +147,7 @@ def test_run_rejects_an_unknown_output_format(tmp_path: Path):
     onnx.save(onnx.parser.parse_model(RUN_MODEL), model_path)
     (tmp_path / "i.jsonl").write_text('{"x": [[1, 2, 3]]}\n')
     result = autobatch_cli("run", str(model_path), "--inputs", str(tmp_path / "i.jsonl"), "-o", str(tmp_path / "o.csv"))
-    assert result.returncode == 1 and "results go to a .npz or a .jsonl file" in result.stderr
+    assert result.returncode == 2 and "o.csv: the output must be a .npz or .jsonl file" in result.stderr
 
 
 def test_rewrite_a_pytorch_export_with_a_python_loop_over_branches(tmp_path: Path):
@@ -248,3 +249,55 @@ def test_an_opset_onnx_does_not_define_is_one_line(tmp_path: Path, command: str)
     result = autobatch_cli(command, str(tmp_path / "m.onnx"), *extra)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "opset 999 of domain 'ai.onnx' is not one this onnx" in result.stderr
+
+
+def test_every_option_says_what_it_does_and_its_default_and_each_command_shows_examples():
+    import argparse
+
+    from autobatch.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in commands.items():
+        assert sub.epilog and sub.epilog.startswith("examples:"), name
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"autobatch {name} {action.option_strings or action.dest} has no help"
+    text = autobatch_cli("run", "--help").stdout
+    assert "(default: 64)" in text and "examples:" in text and "autobatch run model.onnx" in text
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "m.onnx", "--inputs", "i.jsonl", "-o", "o.jsonl", "--batch-size", "0"], "usage: autobatch run"),
+    (["inspect", "m.onnx", "--instances", "-3"], "-3 is out of range: it must be at least 0"),
+    (["inspect", "."], ". is a directory, not a file"),
+    (["inspect", "m.onnx", "--draw", "out.pdf"], "out.pdf: the output must be a .png or .svg or .dot file"),
+    (["demo", "-o", "/nonexistent/x.onnx"], "the folder /nonexistent does not exist"),
+    (["serve", "prog.py"], "a program is served as prog.py:FUNCTION"),
+    (["serve", "m.onnx", "--port", "70000"], "70000 is out of range"),
+])
+def test_arguments_are_checked_before_any_work(tmp_path: Path, args: list[str], words: str):
+    onnx.save(onnx.parser.parse_model(NEG), tmp_path / "m.onnx")
+    (tmp_path / "i.jsonl").write_text('{"x": [[1, 2]]}\n')
+    result = subprocess.run([sys.executable, "-m", "autobatch", *args], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "x.onnx").exists()
+
+
+def test_a_missing_extra_is_named_in_one_line(tmp_path: Path):
+    onnx.save(onnx.parser.parse_model(NEG), tmp_path / "m.onnx")
+    code = ("import sys; sys.modules['uvicorn'] = None; from autobatch.cli import main; "
+            f"sys.exit(main(['serve', {str(tmp_path / 'm.onnx')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "pip install 'onnx-autobatch[serve]'" in result.stderr
+
+
+@pytest.mark.parametrize("module", ["autobatch.examples.loop_rnn", "autobatch.examples.tree_lstm",
+                                    "autobatch.examples.ray_serve", "benchmarks", "benchmarks.serving_load",
+                                    "benchmarks.batcher_launches"])
+def test_examples_and_benchmarks_answer_help(module: str):
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: python -m {module}"), result.stdout[:300]

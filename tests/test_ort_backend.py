@@ -117,3 +117,27 @@ def test_session_cache_keeps_only_the_most_recent_sessions(monkeypatch):
     assert cache.stats.sessions_created == 4 and cache.stats.cache_hits == 0
     cache.get("Relu", model("Relu"))
     assert cache.stats.cache_hits == 1
+
+
+def test_both_onnxruntime_packages_installed_is_named(monkeypatch):
+    import importlib.metadata
+
+    from autobatch.backends import ort_runtime
+
+    versions = {"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.31.1"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
+    with pytest.warns(RuntimeWarning, match="both onnxruntime 1.31.1 and onnxruntime-gpu 1.31.1 are installed"):
+        ort_runtime.check_one_onnxruntime()
+    del versions["onnxruntime"]
+
+    def only_gpu(name):
+        if name not in versions:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(importlib.metadata, "version", only_gpu)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ort_runtime.check_one_onnxruntime()
