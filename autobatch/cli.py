@@ -33,13 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     positive, non_negative = arguments.integer(1), arguments.integer(0)
     demo = command("demo", "batch a Tree-LSTM over synthetic trees and compare with one tree at a time",
-                   ["autobatch demo", "autobatch demo --trees 16 --size 64 -o small.onnx"])
+                   ["autobatch demo", "autobatch demo --trees 16 --size 64 -o small.onnx",
+                    "autobatch demo --trees 3 --draw plan.png   (a picture of the batch plan)"])
     demo.add_argument("--trees", type=positive, default=64, help="number of trees")
     demo.add_argument("--size", type=positive, default=256, help="hidden and embedding size")
     demo.add_argument("--repeats", type=positive, default=5, help="timed runs of each way; the median is reported")
     demo.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="level", help=SCHEDULER_HELP)
     demo.add_argument("-o", "--output", type=arguments.output_file(".onnx"), default="autobatch-demo.onnx",
                       help="where to write the batched model")
+    demo.add_argument("--draw", metavar="FILE", type=arguments.output_file(".png", ".svg", ".dot"),
+                      help="also draw the batch plan (.png or .svg: needs the draw extra; .dot: Graphviz)")
 
     inspect = command("inspect", "ops, inputs and outputs, signature groups and the batch plan of a model",
                       ["autobatch inspect model.onnx", "autobatch inspect model.onnx --instances 8 --draw plan.svg",
@@ -162,7 +165,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "demo":
         from autobatch.examples.demo import run_demo
 
-        run_demo(args.trees, args.size, args.scheduler, args.output, repeats=args.repeats)
+        if args.draw and not args.draw.endswith(".dot"):
+            _require("draw", "matplotlib")
+        run_demo(args.trees, args.size, args.scheduler, args.output, repeats=args.repeats, draw=args.draw)
     elif args.command == "inspect":
         if args.draw and not args.draw.endswith(".dot"):
             _require("draw", "matplotlib")

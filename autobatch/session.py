@@ -325,7 +325,11 @@ class InferenceSession:
 
     def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
         """The batched graph for these instances (what ``run_batch`` runs), with its report."""
-        return self.batching(Graph.union([self._typed_graph(feeds) for feeds in feeds_list]))
+        return self.batching(self.union(feeds_list))
+
+    def union(self, feeds_list: Sequence[Mapping[str, Any]]) -> Graph:
+        """One graph of these instances, each typed for its feeds (instance k's values ``i{k}/...``)."""
+        return Graph.union([self._typed_graph(check_feeds(self.graph, feeds)) for feeds in feeds_list])
 
     def _runner(self, graph: Graph, whole: bool) -> Interpreter | OrtExecutor:
         if self.backend == "onnxruntime":

@@ -17,10 +17,13 @@ import onnx
 
 from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, new_session, session_options
-from autobatch.batcher import BatchingPass
+from autobatch.batcher import BatchingPass, build_problem, get_scheduler
+from autobatch.batcher.problem import UNBATCHABLE
+from autobatch.batcher.rewrite import has_rule
 from autobatch.batcher.fold import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
+from autobatch.ir.draw import PlanView
 from autobatch.session import InferenceSession, batched_else_alone
 
 Print = Callable[[str], None]
@@ -71,14 +74,27 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
     out(f"  signature classes in one instance: {len(classes)} ({classes.get(None, 0)} nodes without static shapes)")
     for signature, count in classes.most_common(5):
         out(f"    {count:>5} x {describe(signature)}")
+    union = None
     if instances > 0:
         rng = np.random.default_rng(0)
         session = InferenceSession(graph)
-        report = session.plan([random_feeds(graph, rng) for _ in range(instances)]).report
+        union = session.union([random_feeds(graph, rng) for _ in range(instances)])
+        report = session.batching(union).report
         out(f"  plan for {instances} instances (random sizes for symbolic dimensions): {report}")
     if draw:
-        graph.draw(draw)
-        out(f"  drawn to {draw}")
+        if union is None:
+            graph.draw(draw)
+        else:
+            union.draw(draw, plan_view(union, session.batching.scheduler_name))
+        out(f"  drawn to {draw}" + ("" if union is None else f" (the plan of {instances} instances)"))
+
+
+def plan_view(graph: Graph, scheduler: str) -> PlanView:
+    """What a picture shows of the plan of ``graph`` (signature classes, launches in order)."""
+    problem = build_problem(graph, lambda node: has_rule(graph, node))
+    classes = {node_id: int(cls) for node_id, cls in zip(problem.node_ids, problem.sig.tolist()) if cls != UNBATCHABLE}
+    launches = [[problem.node_ids[i] for i in group] for group in get_scheduler(scheduler)(problem)]
+    return PlanView(classes, launches)
 
 
 # ----------------------------------------------------------------------------- rewrite

@@ -24,6 +24,7 @@ from autobatch.datasets import synthetic_tree
 from autobatch.examples import tree_lstm
 from autobatch.frontends import Batch
 from autobatch.ir import to_onnx
+from autobatch.tools import plan_view
 
 
 def _median_seconds(run: Callable[[], object], repeats: int) -> float:
@@ -37,7 +38,8 @@ def _median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def run_demo(trees: int = 64, size: int = 256, scheduler: str = "level", output: str = "autobatch-demo.onnx",
-             seed: int = 0, backend: str = "numpy", repeats: int = 5) -> dict[str, float]:
+             seed: int = 0, backend: str = "numpy", repeats: int = 5, draw: str | None = None) -> dict[str, float]:
+    """``draw``: also draw the batch plan of the trees to this .png, .svg or .dot file."""
     rng = random.Random(seed)
     forest = [synthetic_tree(rng) for _ in range(trees)]
     params = tree_lstm.make_params(tree_lstm.make_vocabulary(forest), size=size)
@@ -74,6 +76,9 @@ def run_demo(trees: int = 64, size: int = 256, scheduler: str = "level", output:
         export.discard()
     onnx.save(to_onnx(BatchingPass(scheduler, as_rows=True)(graph).graph), output)
     print(f"  the batched graph: {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
+    if draw:
+        graph.draw(draw, plan_view(graph, scheduler))
+        print(f"  its plan drawn: {draw}")
     if not agree:
         raise SystemExit("batched losses differ from the per-tree losses")
     return {"one_by_one_s": alone_s, "batched_s": batched_s}

@@ -472,11 +472,12 @@ class Graph:
         lines.append("}")
         return "\n".join(lines)
 
-    def draw(self, path: str) -> None:
-        """Draw the graph to PNG or SVG (by the file's suffix). Needs matplotlib."""
+    def draw(self, path: str, plan: Any = None) -> None:
+        """Draw the graph (and a batch plan of it, an ``ir.draw.PlanView``) to PNG or SVG (needs
+        matplotlib) or Graphviz DOT, by the file's suffix."""
         from autobatch.ir.draw import draw_graph
 
-        draw_graph(self, path)
+        draw_graph(self, path, plan)
 
 
 def _short(value: Any) -> str:
