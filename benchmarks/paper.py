@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from autobatch import arguments
 from autobatch import Batch, run_programs
@@ -559,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     peak = gemm_peak()
     print(f"numpy float32 GEMM peak (1024^3, same run): {peak:.1f} GFLOP/s")
     records, failures = [], []
-    for name in args.tasks:
+    for name in tqdm(args.tasks, desc="tasks", unit="task", file=sys.stderr):
         # DyNet's settings for this task run right before ours (a fresh subprocess each), so
         # that both are timed minutes apart at most, whatever else the host does meanwhile.
         dynet = run_dynet(args, args.minibatch, tasks=[name])

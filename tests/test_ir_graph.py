@@ -197,3 +197,31 @@ def test_captured_values_are_edges():
     assert g.nx.has_edge(relu.id, node.id)
     back = from_onnx(to_onnx(g))
     assert back.consumers("a")[0][1] == CAPTURED
+
+
+def test_a_plan_is_drawn_a_row_a_launch_and_past_300_nodes_a_box_a_class(tmp_path):
+    import re
+
+    from autobatch.ir.draw import MAX_DRAWN_NODES
+    from autobatch.tools import plan_view
+
+    def chains(instances: int, length: int) -> Graph:
+        body = "\n".join(f"r{k} = Relu(v{k})  v{k + 1} = Tanh(r{k})" for k in range(length))
+        model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : 17]> g (float[2] v0) => (float[2] v{length}) '
+                                        f"{{ {body} }}")
+        graph = Graph.union([from_onnx(model) for _ in range(instances)])
+        graph.infer_shapes()
+        return graph
+
+    small = chains(3, 2)  # 12 nodes: 4 launches of 3
+    small.draw(str(tmp_path / "small.dot"), plan_view(small, "level"))
+    text = (tmp_path / "small.dot").read_text()
+    assert text.count("subgraph cluster_") == 4 and text.count('label="Relu"') == 6
+    assert len(set(re.findall(r'fillcolor="(#\w+)"', text))) == 2  # a colour a signature class
+    assert '[label="2"]' in text  # the shape each edge carries
+    big = chains(4, MAX_DRAWN_NODES // 8 + 1)
+    big.draw(str(tmp_path / "big.dot"), plan_view(big, "level"))
+    text = (tmp_path / "big.dot").read_text()
+    assert text.count("subgraph cluster_") == 2 and "nodes, " in text  # Relu's box and Tanh's
+    big.draw(str(tmp_path / "big.png"), plan_view(big, "level"))
+    assert (tmp_path / "big.png").read_bytes().startswith(b"\x89PNG")
