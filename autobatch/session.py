@@ -28,7 +28,7 @@ from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, UnrollLimit, unroll_instance
 from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.deadline import DeadlineExceeded
-from autobatch.ir.types import type_of_value
+from autobatch.ir.types import type_of_value, type_text
 
 log = logging.getLogger("autobatch")
 
@@ -98,17 +98,9 @@ class ModelMetadata:
 
 
 def _type_name(proto: Any) -> str:
-    kind = proto.WhichOneof("value")
-    if kind == "tensor_type":
-        return f"tensor({onnx.TensorProto.DataType.Name(proto.tensor_type.elem_type).lower()})"
-    if kind == "sequence_type":
-        return f"seq({_type_name(proto.sequence_type.elem_type)})"
-    if kind == "optional_type":
-        return f"optional({_type_name(proto.optional_type.elem_type)})"
-    if kind == "map_type":
-        key = onnx.TensorProto.DataType.Name(proto.map_type.key_type).lower()
-        return f"map({key},{_type_name(proto.map_type.value_type)})"
-    return "unknown"
+    """onnxruntime's words for a type: ``tensor(float)``, ``seq(tensor(int64))``, ``map(int64,tensor(float))``."""
+    return type_text(proto, lambda _kind, tensor: f"tensor({onnx.TensorProto.DataType.Name(tensor.elem_type).lower()})",
+                     key_separator=",")
 
 
 @dataclass

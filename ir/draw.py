@@ -156,7 +156,7 @@ def _render(picture: _Picture, path: str) -> None:
                  for k, box in enumerate(boxes)}
     labelled = widest <= 12
     size = 900 if labelled else max(20, 400 * step)
-    figure, axes = plt.subplots(figsize=(min(22, 6 + widest * step * 0.55), min(30, 1.5 + len(by_row) * 0.7)))
+    figure, axes = plt.subplots(figsize=(min(18, 6 + widest * step * 0.45), min(30, 1.5 + len(by_row) * 0.6)))
     left = min(x for x, _ in positions.values()) - 1.0
     for row, boxes in by_row.items():  # a launch: a band around the nodes it runs together
         xs = [positions[box][0] for box in boxes]
@@ -176,5 +176,5 @@ def _render(picture: _Picture, path: str) -> None:
     axes.set_axis_off()
     axes.autoscale()
     figure.tight_layout()
-    figure.savefig(path, dpi=130)
+    figure.savefig(path, dpi=100)
     plt.close(figure)

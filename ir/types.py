@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -59,27 +59,34 @@ class ValueType:
         return self._hash
 
     def __repr__(self) -> str:
-        return _type_text(self.proto)
+        return type_text(self.proto)
 
 
-def _type_text(proto: TypeProto) -> str:
-    """``FLOAT[2,?]``, ``seq(FLOAT[5])``, ``optional(seq(INT64[...]))``, ``map(INT64, FLOAT[3])``."""
+def type_text(proto: TypeProto, tensor: Callable[[str, TypeProto.Tensor], str] | None = None, key_separator: str = ", ") -> str:
+    """A type in words: by default ``FLOAT[2,?]``, ``seq(FLOAT[5])``, ``optional(seq(INT64[...]))``,
+    ``map(INT64, FLOAT[3])``; ``tensor(kind, tensor_type)`` words a tensor type another way (its
+    kind is ``tensor_type`` or ``sparse_tensor_type``)."""
     kind = proto.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
-        tensor = getattr(proto, kind)
-        name = onnx.TensorProto.DataType.Name(tensor.elem_type) if tensor.elem_type else "?"
-        if not tensor.HasField("shape"):
-            return f"{name}[...]"
-        dims = ("?" if d is None else str(d) for d in map(_dim, tensor.shape.dim))
-        return f"{'sparse ' if kind == 'sparse_tensor_type' else ''}{name}[{','.join(dims)}]"
+        return (tensor or _tensor_text)(kind, getattr(proto, kind))
+    inner = functools.partial(type_text, tensor=tensor, key_separator=key_separator)
     if kind == "sequence_type":
-        return f"seq({_type_text(proto.sequence_type.elem_type)})"
+        return f"seq({inner(proto.sequence_type.elem_type)})"
     if kind == "optional_type":
-        return f"optional({_type_text(proto.optional_type.elem_type)})"
+        return f"optional({inner(proto.optional_type.elem_type)})"
     if kind == "map_type":
         key = onnx.TensorProto.DataType.Name(proto.map_type.key_type)
-        return f"map({key}, {_type_text(proto.map_type.value_type)})"
+        key = key.lower() if tensor is not None else key
+        return f"map({key}{key_separator}{inner(proto.map_type.value_type)})"
     return "?"
+
+
+def _tensor_text(kind: str, tensor: TypeProto.Tensor) -> str:
+    name = onnx.TensorProto.DataType.Name(tensor.elem_type) if tensor.elem_type else "?"
+    if not tensor.HasField("shape"):
+        return f"{name}[...]"
+    dims = ("?" if d is None else str(d) for d in map(_dim, tensor.shape.dim))
+    return f"{'sparse ' if kind == 'sparse_tensor_type' else ''}{name}[{','.join(dims)}]"
 
 
 @functools.lru_cache(maxsize=65536)
