@@ -20,14 +20,14 @@ from autobatch.backends.flat_executor import FlatExecutor, OrtTemplate
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
-from autobatch.backends.ort_runtime import SessionCache
+from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
 from autobatch.batcher.fold import constant_value, constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
-from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, UnrollLimit, unroll_instance
-from autobatch.ir import Graph, Recent, from_onnx
-from autobatch.ir.deadline import DeadlineExceeded
+from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
+from autobatch.ir import Graph, Recent, ValueType, from_onnx
+from autobatch.ir.limits import DeadlineExceeded, WorkLimit, work_limit
 from autobatch.ir.types import type_of_value, type_text
 
 log = logging.getLogger("autobatch")
@@ -41,7 +41,8 @@ WHOLE_PLAN_AFTER = 2
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
 PLANS_KEPT = 256  # plans, per mix of input signatures
 KEYS_KEPT = 65536  # what flat plans learnt of record keys
-UNROLLED_KEPT = 256  # control-flow instances unrolled (``check`` unrolls what ``run_batch`` then runs)
+UNROLLED_NODES_KEPT = 500_000  # nodes of the control-flow instances last unrolled (``check`` unrolls what
+# ``run_batch`` then runs): a cap on nodes, not instances, as one instance may unroll into 100,000
 
 
 @dataclass
@@ -150,7 +151,7 @@ class InferenceSession:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
         self.graph = model if isinstance(model, Graph) else from_onnx(model)
         self.max_unrolled_nodes = max_unrolled_nodes
-        self._unrolled: Recent = Recent(UNROLLED_KEPT)  # the values of a control-flow instance -> its graph
+        self._unrolled = _NodeBudget(UNROLLED_NODES_KEPT)  # the values of a control-flow instance -> its graph
         self.backend = backend
         self.batching = BatchingPass(scheduler)
         self.stats: SessionStats | None = None
@@ -158,7 +159,6 @@ class InferenceSession:
         self._plans: Recent = Recent(PLANS_KEPT)  # mix of input signatures -> _Plan
         # Control flow is unrolled per instance from its values, so such plans are not reused.
         self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
-        self._interpreter = Interpreter(self.graph)
         self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
         if backend == "onnxruntime":
             self.cache = SessionCache(providers, threads)
@@ -174,11 +174,18 @@ class InferenceSession:
 
     def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The feeds, once they fit the model's inputs and, for a model with control flow, once
-        the instance unrolls within ``max_unrolled_nodes``; ``FeedError`` saying why not."""
+        the instance unrolls within ``max_unrolled_nodes``; ``FeedError`` saying why not (and
+        ``UnrollError`` where its control flow cannot be unrolled)."""
         checked = check_feeds(self.graph, feeds)
         if self._control_flow:
             self._typed_graph(checked)
         return checked
+
+    @functools.cached_property
+    def _interpreter(self) -> Interpreter:
+        """The NumPy interpreter of the model: the numpy backend's one-instance runs, and the
+        onnxruntime backend's where onnxruntime would abort (made when first needed)."""
+        return Interpreter(self.graph)
 
     def get_inputs(self) -> list[NodeArg]:
         """The model's inputs, as onnxruntime describes them (``.name``, ``.shape``, ``.type``)."""
@@ -199,23 +206,21 @@ class InferenceSession:
 
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], run_options: Any = None) -> list[Any]:
         """One instance, unbatched, as onnxruntime's ``run`` (``run_options`` is accepted and
-        ignored). A model with control flow is checked to unroll within ``max_unrolled_nodes``
-        first: a trip count given with the feeds must not run away."""
-        if self._control_flow:
-            self.check(feeds)
-        if self.backend == "onnxruntime" and not self._empty_recurrent_layer(feeds):
-            outputs = dict(zip(self.graph.outputs, self._single.run(dict(feeds))))
-            return [outputs[name] for name in self._output_names(output_names)]
-        return self._interpreter.run(feeds, output_names)
-
-    def _empty_recurrent_layer(self, feeds: Mapping[str, Any]) -> bool:
-        """Whether an LSTM, GRU or RNN of the model runs over no steps or no sequences for these
-        feeds: onnxruntime aborts the process on those (the NumPy interpreter runs them)."""
-        if not self._recurrent:
-            return False
-        graph = self._typed_graph(check_feeds(self.graph, feeds))
-        return any(node.op_type in RECURRENT and not node.domain and _has_no_elements(graph, node.inputs[0])
-                   for node in graph.nodes.values())
+        ignored). Its If, Loop and Scan may run at most ``max_unrolled_nodes`` nodes: on NumPy
+        they count them as they run; onnxruntime cannot, so there the instance is unrolled
+        first, to know."""
+        feeds = check_feeds(self.graph, feeds)
+        if self.backend == "onnxruntime":
+            typed = self._typed_graph(feeds) if self._control_flow or self._recurrent else None
+            if typed is None or not self._recurrent or not any(might_abort_onnxruntime(typed, node)
+                                                               for node in typed.nodes.values()):
+                outputs = dict(zip(self.graph.outputs, self._single.run(feeds)))
+                return [outputs[name] for name in self._output_names(output_names)]
+        try:
+            with work_limit(self.max_unrolled_nodes):
+                return self._interpreter.run(feeds, output_names)
+        except WorkLimit as error:
+            raise FeedError(str(error)) from None
 
     def run_batch(self, output_names: Sequence[str] | None,
                   feeds_list: Sequence[Mapping[str, Any]]) -> list[list[np.ndarray]]:
@@ -344,10 +349,10 @@ class InferenceSession:
             if graph is None:
                 try:
                     graph = unroll_instance(self.graph, feeds, self.max_unrolled_nodes)
-                except UnrollLimit as error:
+                except WorkLimit as error:
                     raise FeedError(str(error)) from None
                 constants_to_initializers(graph)
-                self._unrolled[key] = graph
+                self._unrolled.add(key, graph)
             return graph
         key = _input_signature(feeds)
         graph = self._typed.get(key)
@@ -355,8 +360,8 @@ class InferenceSession:
             graph = Graph.union([self.graph], rename=lambda _k, name: name)
             constants_to_initializers(graph)
             for value in graph.values.values():  # declared shapes are hints: they would size slots
-                if value.const is None:
-                    value.type = None
+                if value.const is None and value.type is not None:
+                    value.type = ValueType(_without_shapes(value.type.proto))
             for name, value in feeds.items():
                 graph.values[name].type = type_of_value(value)
             graph.infer_shapes()
@@ -380,15 +385,21 @@ def batched_else_alone(run_batch: Callable[[Sequence[Any]], list[Result]], run_a
     except Exception as error:  # noqa: BLE001 - isolated below, instance by instance
         log.warning("%s of %d instances failed batched (%s: %s); running each alone", what, len(instances),
                     type(error).__name__, error)
+    return each_alone(run_alone, instances), True
+
+
+def each_alone(run: Callable[[Any], Result], instances: Sequence[Any]) -> list[Result | Exception]:
+    """``run`` of each instance, its exception in place of its result where it fails (past the
+    caller's deadline, everything stops)."""
     results: list[Result | Exception] = []
     for instance in instances:
         try:
-            results.append(run_alone(instance))
+            results.append(run(instance))
         except DeadlineExceeded:
             raise
         except Exception as error:  # noqa: BLE001 - this instance's own failure, returned in its place
             results.append(error)
-    return results, True
+    return results
 
 
 def shared_session_cache(threads: int = 0, providers: Sequence[str] | None = None) -> SessionCache:
@@ -435,9 +446,39 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
-def _has_no_elements(graph: Graph, name: str) -> bool:
-    vtype = graph.values[name].type
-    return vtype is not None and vtype.shape is not None and 0 in vtype.shape
+class _NodeBudget:
+    """Graphs by key, the most recently used kept while their nodes add up to at most ``nodes``."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+        self._graphs: Recent = Recent(1 << 30)
+
+    def get(self, key: Any) -> Graph | None:
+        return self._graphs.get(key)
+
+    def add(self, key: Any, graph: Graph) -> None:
+        self._graphs[key] = graph
+        total = sum(len(g) for g in self._graphs.values())
+        while total > self.nodes and len(self._graphs) > 1:
+            _, oldest = self._graphs.popitem(last=False)
+            total -= len(oldest)
+
+
+def _without_shapes(proto: onnx.TypeProto) -> onnx.TypeProto:
+    """The type with its tensors' shapes left out (element types kept)."""
+    bare = onnx.TypeProto()
+    bare.CopyFrom(proto)
+    for tensor in _tensor_types(bare):
+        tensor.ClearField("shape")
+    return bare
+
+
+def _tensor_types(proto: onnx.TypeProto) -> list:
+    kind = proto.WhichOneof("value")
+    if kind == "tensor_type":
+        return [proto.tensor_type]
+    inner = {"sequence_type": "elem_type", "optional_type": "elem_type", "map_type": "value_type"}.get(kind)
+    return _tensor_types(getattr(getattr(proto, kind), inner)) if inner else []
 
 
 def _is_constant(graph: Graph, name: str) -> bool:

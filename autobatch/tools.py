@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from autobatch.arrays import array_from_json
 from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, new_session, session_options
 from autobatch.batcher import BatchingPass, build_problem, get_scheduler
@@ -24,7 +25,7 @@ from autobatch.batcher.fold import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
-from autobatch.session import InferenceSession, batched_else_alone
+from autobatch.session import InferenceSession, batched_else_alone, each_alone
 
 Print = Callable[[str], None]
 RANDOM_FEED_ELEMENTS = 10**8  # the most elements a made-up input may have
@@ -236,32 +237,12 @@ def _json_instance(line: bytes, number: int, graph: Graph) -> dict[str, np.ndarr
         declared = graph.values[name].type if name in graph.values else None
         dtype = declared.dtype if declared is not None and declared.dtype is not None else None
         try:
-            feeds[name] = _json_array(value, dtype)
+            feeds[name] = array_from_json(value, dtype)
         except (ValueError, TypeError, OverflowError) as error:
             return f"line {number}: input {name!r}: {error}"
         except RecursionError:
             return f"line {number}: input {name!r}: nested too deeply"
     return feeds
-
-
-def _json_array(value: Any, dtype: np.dtype | None) -> np.ndarray:
-    """The array of nested JSON lists, in the declared dtype; never a silent change of value:
-    a float (1.9) given to an integer input, or a number its type cannot hold, is refused."""
-    try:
-        given = np.asarray(value)
-    except ValueError:  # NumPy's words for ragged lists are long
-        given = np.asarray(None)
-    if given.dtype.kind not in "biuf":
-        raise ValueError("not a rectangular array of numbers (ragged lists, strings, or integers past 64 bits)")
-    if dtype is None:
-        return given
-    with np.errstate(all="ignore"):
-        array = given.astype(dtype)
-    if dtype.kind in "biu":
-        changed = np.flatnonzero(array.ravel() != given.ravel())
-        if len(changed):
-            raise ValueError(f"{given.ravel()[changed[0]].item()!r} is not a {dtype} value")
-    return array
 
 
 def run_file(model: str, inputs: str, output: str, backend: str, batch_size: int, out: Print,
@@ -289,17 +270,16 @@ def _run_chunk(session: InferenceSession, instances: Sequence[Any], chunk: list[
                results: list[list[np.ndarray] | str]) -> None:
     """Run the good instances of a chunk batched; a bad one gets its error and the rest go on.
     If the batched run itself fails, each instance runs alone (logged) so that only the guilty fail."""
-    good = []
+    readable = [k for k in chunk if not isinstance(instances[k], str)]
     for k in chunk:
-        instance = instances[k]
-        if isinstance(instance, str):
-            results[k] = instance
-            continue
-        try:
-            session.check(instance)
+        if isinstance(instances[k], str):
+            results[k] = instances[k]
+    good = []
+    for k, checked in zip(readable, each_alone(session.check, [instances[k] for k in readable])):
+        if isinstance(checked, Exception):
+            results[k] = f"{type(checked).__name__}: {checked}"
+        else:
             good.append(k)
-        except FeedError as error:
-            results[k] = str(error)
     if not good:
         return
     outputs, _ = batched_else_alone(lambda feeds: session.run_batch(None, feeds), lambda feeds: session.run(None, feeds),

@@ -4,8 +4,8 @@ reads from the enclosing scope become its last inputs), prepared once per node a
 
 Ours rather than ``onnx.reference``'s, which ran zero iterations of a Loop given a trip count
 but no condition, stacked scan outputs with an extra axis, and could not run Scan-8 without
-sequence lengths. Every iteration checks the caller's deadline (``ir.deadline``), and a loop
-stops with an error after ``MAX_ITERATIONS``: a model given by a client cannot spin forever.
+sequence lengths. Every iteration checks the caller's deadline and charges its body's nodes to
+the caller's work limit (``ir.limits``): a model given by a client cannot spin forever.
 """
 
 from __future__ import annotations
@@ -16,18 +16,17 @@ from typing import Any
 import numpy as np
 
 from autobatch.ir import Graph, Node, ValueType, captured_names
-from autobatch.ir.deadline import check_deadline
+from autobatch.ir.limits import check_deadline, spend
 from autobatch.ir.onnx_io import subgraph_from_onnx
 
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
-MAX_ITERATIONS = 1_000_000
 
 Body = Any  # an Interpreter over a body graph (``Interpreter.run_trusted`` runs it)
 NodeImpl = Callable[[list[Any], dict[str, Any]], list[Any]]
 
 
 class ControlFlowError(RuntimeError):
-    """A loop that would not end, or inputs a control-flow op cannot take."""
+    """Inputs a control-flow op cannot take."""
 
 
 def implementation(node: Node, outer: Graph, interpreter: Callable[[Graph], Body]) -> NodeImpl:
@@ -69,9 +68,8 @@ def _loop(node: Node, outer: Graph, interpreter: Callable[[Graph], Body]) -> Nod
         scans: list[list[np.ndarray]] = [[] for _ in scan_types]
         i = 0
         while going and (limit is None or i < limit):
-            if i >= MAX_ITERATIONS:
-                raise ControlFlowError(f"{node} ran {MAX_ITERATIONS} iterations without ending")
             check_deadline()
+            spend(len(body.order), str(node))
             feeds = [np.array(i, np.int64), np.array(going), *carried, *captures]
             outputs = body.run_trusted(dict(zip(body.graph.inputs, feeds)))
             if cond is not None:
@@ -80,16 +78,18 @@ def _loop(node: Node, outer: Graph, interpreter: Callable[[Graph], Body]) -> Nod
             for parts, value in zip(scans, outputs[1 + carried_count:]):
                 parts.append(np.asarray(value))
             i += 1
-        return [*carried, *(np.stack(parts) if parts else _no_iterations(vtype) for parts, vtype in zip(scans, scan_types))]
+        return [*carried, *(np.stack(parts) if parts else _no_iterations(vtype, 0) for parts, vtype in zip(scans, scan_types))]
 
     return run
 
 
-def _no_iterations(vtype: ValueType | None) -> np.ndarray:
-    """A scan output of zero iterations: its element shape where the body declares it."""
-    shape = vtype.shape if vtype is not None and vtype.is_static else ()
+def _no_iterations(vtype: ValueType | None, axis: int) -> np.ndarray:
+    """A scan output of zero iterations: the body's element type with a 0 inserted at ``axis``
+    (its dimensions as the body declares them, unknown ones 0)."""
+    shape = [d if isinstance(d, int) else 0 for d in vtype.shape] if vtype is not None and vtype.shape else []
     dtype = vtype.dtype if vtype is not None and vtype.dtype is not None else np.float32
-    return np.zeros((0, *shape), dtype)
+    shape.insert(axis % (len(shape) + 1), 0)
+    return np.zeros(shape, dtype)
 
 
 def _scan(node: Node, outer: Graph, interpreter: Callable[[Graph], Body]) -> NodeImpl:
@@ -115,6 +115,7 @@ def _scan(node: Node, outer: Graph, interpreter: Callable[[Graph], Body]) -> Nod
         parts: list[list[np.ndarray]] = [[] for _ in range(outputs)]
         for t in range(length):
             check_deadline()
+            spend(len(body.order), str(node))
             slices = [np.take(x, length - 1 - t if reverse else t, axis=axis)
                       for x, axis, reverse in zip(sequences, axes, in_reverse)]
             results = body.run_trusted(dict(zip(body.graph.inputs, [*state, *slices, *captures])))
@@ -124,7 +125,7 @@ def _scan(node: Node, outer: Graph, interpreter: Callable[[Graph], Body]) -> Nod
         scanned = []
         for collected, axis, reverse, name in zip(parts, out_axes, out_reverse, body.graph.outputs[states:]):
             if not collected:
-                scanned.append(_no_iterations(body.graph.values[name].type))
+                scanned.append(_no_iterations(body.graph.values[name].type, axis))
                 continue
             values = collected[::-1] if reverse else collected
             scanned.append(np.stack(values, axis=axis % (values[0].ndim + 1)))
@@ -153,6 +154,7 @@ def _scan8(node: Node, body: Body, captured: list[str], scan_inputs: int) -> Nod
             parts: list[list[np.ndarray]] = [[] for _ in body.graph.outputs[states:]]
             for t in range(count):
                 check_deadline()
+                spend(len(body.order), str(node))
                 slices = [x[b, count - 1 - t if back else t] for x, back in zip(sequences, reverse)]
                 results = body.run_trusted(dict(zip(body.graph.inputs, [*state, *slices, *captures])))
                 state = results[:states]
@@ -163,9 +165,15 @@ def _scan8(node: Node, body: Body, captured: list[str], scan_inputs: int) -> Nod
             rows.append(parts)
         scanned = []
         for k, name in enumerate(body.graph.outputs[states:]):
-            element = next((row[k][0] for row in rows if row[k]), _no_iterations(body.graph.values[name].type)[:1])
-            scanned.append(np.stack([_padded(row[k], longest, element) for row in rows]))
-        return [*(np.stack(final) for final in finals), *scanned]
+            element = next((row[k][0] for row in rows if row[k]), None)
+            if element is None:  # no steps at all: the element as the body declares it
+                empty = _no_iterations(body.graph.values[name].type, 0)
+                element = np.zeros(empty.shape[1:], empty.dtype)
+            scanned.append(np.stack([_padded(row[k], longest, element) for row in rows]) if rows
+                           else np.zeros((0, longest, *element.shape), element.dtype))
+        states_out = [np.stack(final) if final else np.zeros((0, *np.shape(s)[1:]), np.asarray(s).dtype)
+                      for final, s in zip(finals, initial)]
+        return [*states_out, *scanned]
 
     return run
 

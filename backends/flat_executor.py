@@ -25,7 +25,7 @@ from autobatch.batcher.folds import LEAF
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
-from autobatch.ir.deadline import check_deadline
+from autobatch.ir.limits import check_deadline
 
 TemplateRun = Callable[[dict[str, Any]], list[Any]]  # feeds by input name -> the graph's outputs
 # onnxruntime packs these inputs (by index) of these ops when constant

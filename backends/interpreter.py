@@ -16,7 +16,7 @@ import numpy as np
 from autobatch.backends import control_flow, kernels
 from autobatch.backends.reference_ops import ReferenceOps
 from autobatch.ir import Graph, Node, accepts, captured_names
-from autobatch.ir.deadline import check_deadline
+from autobatch.ir.limits import DeadlineExceeded, WorkLimit, check_deadline
 from autobatch.ir.graph import schema_version
 
 # (inputs, environment for subgraph captures) -> outputs
@@ -119,6 +119,8 @@ class Interpreter:
         """Run one node; override to observe or replace execution."""
         try:
             outputs = impl(inputs, env)
+        except (DeadlineExceeded, WorkLimit):
+            raise  # the caller's limits, not this node's failure
         except Exception as error:
             raise NodeExecutionError(
                 f"{node} failed on inputs {describe(inputs)}: {type(error).__name__}: {error}"

@@ -16,7 +16,7 @@ from autobatch.backends.ort_runtime import (
     CPU, CUDA, NUMPY_LESS_TYPES, UnsupportedByOnnxruntime, default_providers, new_session, session_options,
 )
 from autobatch.ir import Graph, from_onnx, to_onnx
-from autobatch.ir.deadline import DeadlineExceeded, remaining
+from autobatch.ir.limits import DeadlineExceeded, remaining
 
 
 class OrtBackendRep(BackendRep):

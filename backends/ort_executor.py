@@ -25,11 +25,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from autobatch.backends.interpreter import FeedError, Interpreter, NodeExecutionError, describe
-from autobatch.backends.ort_runtime import SessionCache
+from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
 from autobatch.batcher.rewrite import is_data_movement
-from autobatch.batcher.sequences import RECURRENT
 from autobatch.ir import Graph, Node, captured_names
-from autobatch.ir.deadline import check_deadline
+from autobatch.ir.limits import check_deadline
 from autobatch.ir.onnx_io import choose_ir_version
 
 
@@ -75,7 +74,7 @@ class OrtExecutor:
         # tensors only: such nodes run in NumPy, as do sequences and optionals (lists, None), and
         # recurrent layers over no steps or no sequences (onnxruntime aborts on those).
         in_numpy = {n.id for n in order
-                    if any(True for _ in n.subgraphs()) or not _tensors_only(graph, n) or _empty_recurrent(graph, n)
+                    if any(True for _ in n.subgraphs()) or not _tensors_only(graph, n) or might_abort_onnxruntime(graph, n)
                     or (not self.whole and is_data_movement(n))}
         self.steps: list[Segment | Node] = self._steps(order, in_numpy)
         self.stats = ExecutorStats(
@@ -268,11 +267,6 @@ class OrtExecutor:
 def _feedable(array: np.ndarray) -> bool:
     """Whether onnxruntime's Python API takes this array as an input (plain NumPy dtypes)."""
     return array.dtype.type.__module__ == "numpy" and array.dtype.kind in "biufcUSO"
-
-
-def _empty_recurrent(graph: Graph, node: Node) -> bool:
-    vtype = graph.values[node.inputs[0]].type if node.op_type in RECURRENT and not node.domain else None
-    return vtype is not None and vtype.shape is not None and 0 in vtype.shape
 
 
 def _tensors_only(graph: Graph, node: Node) -> bool:

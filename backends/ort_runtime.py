@@ -11,6 +11,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import onnx
@@ -79,6 +80,19 @@ def _identity_model(opset: int = 13) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7
     return model
+
+
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+
+
+def might_abort_onnxruntime(graph: Any, node: Any) -> bool:
+    """Whether onnxruntime could abort the process running ``node`` of ``graph``: it does on an
+    LSTM, GRU or RNN over no steps or no sequences, so one whose input may be empty (a 0, or a
+    dimension not known) runs on the NumPy interpreter."""
+    if node.op_type not in RECURRENT_OPS or node.domain:
+        return False
+    vtype = graph.values[node.inputs[0]].type
+    return vtype is None or not vtype.is_static or 0 in vtype.shape
 
 
 # Element types onnxruntime's Python API neither takes from NumPy nor returns.

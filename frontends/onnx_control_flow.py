@@ -19,7 +19,7 @@ import numpy as np
 from onnx import AttributeProto, GraphProto, NodeProto, helper, numpy_helper
 
 from autobatch.ir import Graph, Node, attribute_value, captured_names
-from autobatch.ir.deadline import check_deadline
+from autobatch.ir.limits import WorkLimit, check_deadline
 from autobatch.ir.types import type_of_value
 
 Scope = ChainMap  # name in the source (graph or body) -> name in the unrolled graph
@@ -28,8 +28,8 @@ Scope = ChainMap  # name in the source (graph or body) -> name in the unrolled g
 MAX_UNROLLED_NODES = 100_000
 
 
-class UnrollLimit(ValueError):
-    """Unrolling an instance's control flow would go past its limit of nodes."""
+class UnrollError(ValueError):
+    """This instance's control flow cannot be unrolled (its condition cannot be evaluated)."""
 
 
 def unroll_instance(graph: Graph, feeds: Mapping[str, Any], max_unrolled_nodes: int = MAX_UNROLLED_NODES,
@@ -38,8 +38,8 @@ def unroll_instance(graph: Graph, feeds: Mapping[str, Any], max_unrolled_nodes: 
 
     Same input and output names as ``graph``; input types are the feeds' concrete types and
     every other value's type is inferred. ``resolve=False`` keeps every If/Loop/Scan opaque.
-    Raises ``UnrollLimit``, naming the node being unrolled, past ``max_unrolled_nodes`` nodes,
-    and ``DeadlineExceeded`` past the caller's deadline (``ir.deadline``).
+    Raises ``WorkLimit``, naming the node being unrolled, past ``max_unrolled_nodes`` nodes,
+    and ``DeadlineExceeded`` past the caller's deadline (``ir.limits``).
     """
     return _Unroller(graph, feeds, max_unrolled_nodes, resolve).run()
 
@@ -170,7 +170,7 @@ class _Unroller:
             attributes: Mapping[str, Any] | None = None, domain: str = "", name: str = "") -> list[str]:
         if len(self.out.nodes) >= self.budget:
             where = " inside ".join(reversed(self.unrolling)) or f"graph {self.source.name!r}"
-            raise UnrollLimit(f"unrolling {where} exceeds max_unrolled_nodes={self.budget}")
+            raise WorkLimit(f"unrolling {where} exceeds max_unrolled_nodes={self.budget}")
         check_deadline()
         if name:  # onnxruntime refuses a model with two nodes of the same name
             name = self.fresh(name, self.node_names)
@@ -237,8 +237,8 @@ class _Unroller:
         i = 0
         while (limit is None or i < limit) and bool(cond):
             if i >= self.budget:
-                raise UnrollLimit(f"unrolling {' inside '.join(reversed(self.unrolling))} exceeds "
-                                  f"max_unrolled_nodes={self.budget} iterations")
+                raise WorkLimit(f"unrolling {' inside '.join(reversed(self.unrolling))} exceeds "
+                                f"max_unrolled_nodes={self.budget} iterations")
             inner = scope.new_child()
             inner[body.input[0].name] = self.constant(np.array(i, np.int64), "iter")
             inner[body.input[1].name] = cond_name
@@ -250,7 +250,7 @@ class _Unroller:
             if inputs[1]:  # the body decides whether to go on, maybe from data: evaluate it
                 cond = self.evaluate(cond_name)
                 if cond is None:
-                    raise ValueError(f"{self.unrolling[-1]}: cannot evaluate its condition at iteration {i}")
+                    raise UnrollError(f"{self.unrolling[-1]}: cannot evaluate its condition at iteration {i}")
             i += 1
         scope.update((name, value) for name, value in zip(node.output, carried) if name)
         for name, parts in zip(node.output[len(carried):], scans):

@@ -7,7 +7,7 @@ with ``run_batch`` in a worker thread, so the event loop keeps accepting request
 The instances of a batch may have different shapes, i.e. different graphs: that is the point.
 If the batched run raises, each instance is re-run alone so that only the guilty one fails
 (logged at WARNING, counted in the metrics). A request's work stops once its deadline has passed
-(``ir.deadline``): one request never holds the model's worker for longer than it waits.
+(``ir.limits``): one request never holds the model's worker for longer than it waits.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from autobatch.serving.errors import (
 from autobatch.serving.metrics import Duration, EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
-from autobatch.ir.deadline import DeadlineExceeded, deadline
-from autobatch.session import InferenceSession, batched_else_alone
+from autobatch.ir.limits import DeadlineExceeded, deadline
+from autobatch.session import InferenceSession, batched_else_alone, each_alone
 
 
 @dataclass(eq=False)
@@ -279,28 +279,14 @@ class Engine:
         """The results (a FeedError for feeds that do not fit), how many instances ran, and
         whether their batch fell back to each alone."""
         with deadline(seconds if seconds != float("inf") else None):
-            results: list[Outputs | BaseException] = []
-            good: list[int] = []
-            checked: list[Feeds] = []
-            for k, feeds in enumerate(feeds_list):
-                try:
-                    checked.append(self.runner.check(feeds))
-                    good.append(k)
-                    results.append(feeds)
-                except FeedError as error:
-                    results.append(error)
-            if len(checked) == 1:
-                try:
-                    outputs, fell_back = [self.runner.run(checked[0])], False
-                except DeadlineExceeded:
-                    raise
-                except Exception as error:  # noqa: BLE001 - this request's own failure
-                    outputs, fell_back = [error], False
-            elif checked:
+            results = each_alone(self.runner.check, feeds_list)  # a FeedError (400) or another failure (500)
+            good = [k for k, result in enumerate(results) if not isinstance(result, Exception)]
+            checked = [results[k] for k in good]
+            if len(checked) > 1:
                 outputs, fell_back = batched_else_alone(self._run_batch, self.runner.run, checked,
                                                         f"model {self.name!r}: a batch")
             else:
-                outputs, fell_back = [], False
+                outputs, fell_back = each_alone(self.runner.run, checked), False
             for k, result in zip(good, outputs):
                 results[k] = result
             return results, len(checked), fell_back

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.arrays import array_from_json
 from autobatch.serving.errors import BadRequest
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -87,12 +88,10 @@ def _decode_tensor(tensor: Any, binary: memoryview) -> tuple[str, np.ndarray, in
             return name, np.frombuffer(binary[:binary_size], dtype).reshape(shape).copy(), binary_size
         if "data" not in tensor:
             raise BadRequest(f"input {name!r} has no 'data'")
-        data = np.asarray(tensor["data"])
-        if data.size and (data.dtype.kind not in "biuf" or (data.dtype.kind == "f" and dtype.kind in "biu")):  # [] is float64
-            raise BadRequest(f"input {name!r}: data are not {tensor['datatype']} numbers")
+        data = array_from_json(tensor["data"], dtype)
         if data.size != size:
             raise BadRequest(f"input {name!r}: {data.size} values for shape {shape}")
-        return name, data.astype(dtype).reshape(shape), 0
+        return name, data.reshape(shape), 0
     except (ValueError, TypeError, OverflowError) as error:  # ragged or odd data
         raise BadRequest(f"input {name!r}: {error}") from None
     except RecursionError:

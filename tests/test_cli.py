@@ -204,7 +204,7 @@ def test_run_refuses_what_it_would_change_and_goes_on_past_unreadable_lines(tmp_
     assert [r.get("outputs", {}).get("y") for r in records] == [None, [[-1, -2]], None, None, None, None, None, None,
                                                                  [[4, -5]]]
     errors = [r.get("error", "") for r in records]
-    assert "1.9 is not a int32 value" in errors[0] and "3000000000 is not a int32 value" in errors[3]
+    assert "1.9 does not fit int32" in errors[0] and "3000000000 does not fit int32" in errors[3]
     assert "integers past 64 bits" in errors[2] and "rectangular" in errors[4]
     assert "not JSON" in errors[5] and "not JSON" in errors[6] and "nested too deeply" in errors[7]
 

@@ -337,3 +337,13 @@ def test_unknown_routes_and_methods_answer_json(server):
     for method, path, status in (("GET", "/v2/nothing/here", 404), ("GET", "/v2/models/tagger/infer", 405)):
         got, _, body = request(server, method, path)
         assert got == status and body["error"].endswith(path), body
+
+
+@pytest.mark.parametrize("data, datatype", [([2**40 + 5], "INT32"), ([-1], "UINT8"), ([1e6], "FP16"), ([1.5], "INT64")])
+def test_a_value_its_datatype_cannot_hold_is_refused_not_changed(data, datatype):
+    """2**40 + 5 sent as INT32 arrived as 5, -1 as UINT8 as 255, 1e6 as FP16 as inf."""
+    from autobatch.serving.protocol import decode_request
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": datatype, "data": data}]}).encode()
+    with pytest.raises(BadRequest, match="does not fit"):
+        decode_request(body)
