@@ -204,7 +204,7 @@ def _npz_instances(path: str) -> list[dict[str, np.ndarray] | str]:
             try:
                 _check_stored_size(data.zip, key)
                 instance[name] = data[key]
-            except (OSError, ValueError, zipfile.BadZipFile) as error:
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
                 instances[int(index)] = f"instance {index}: array {name!r} cannot be read: {error}"
     return [instances[k] for k in sorted(instances)]
 
@@ -212,7 +212,8 @@ def _npz_instances(path: str) -> list[dict[str, np.ndarray] | str]:
 def _check_stored_size(archive: zipfile.ZipFile, key: str) -> None:
     """Refuse an array whose header promises more bytes than its file holds, before NumPy tries
     to allocate them (a header can declare 10^12 elements in a few bytes)."""
-    info = archive.getinfo(key + ".npy")
+    names = set(archive.namelist())
+    info = archive.getinfo(key + ".npy" if key + ".npy" in names else key)
     with archive.open(info) as f:
         version = np.lib.format.read_magic(f)
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0

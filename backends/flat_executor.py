@@ -10,6 +10,7 @@ and each step costs microseconds that add up over hundreds of steps a minibatch.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -20,12 +21,12 @@ from onnx import ModelProto, helper, numpy_helper
 
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
-from autobatch.backends.ort_runtime import SessionCache, new_session
+from autobatch.backends.ort_runtime import SessionCache, new_session, run_session
 from autobatch.batcher.folds import LEAF
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
-from autobatch.ir.limits import check_deadline
+from autobatch.ir.limits import DeadlineExceeded, check_deadline
 
 TemplateRun = Callable[[dict[str, Any]], list[Any]]  # feeds by input name -> the graph's outputs
 # onnxruntime packs these inputs (by index) of these ops when constant
@@ -78,7 +79,9 @@ class OrtTemplate:
             if session is None:
                 session = self._fed = self._session(to_onnx(self.graph, check=False))
         try:
-            return session.run(self.outputs, feeds)
+            return run_session(session.run, self.outputs, feeds)
+        except DeadlineExceeded:
+            raise
         except Exception as error:  # onnxruntime raises its own exception types
             raise NodeExecutionError(f"{self.name} failed on inputs {describe(list(feeds.values()))}: {error}") from error
 
@@ -120,9 +123,7 @@ class FlatExecutor:
         overhead) and arena writes."""
         clock = time.perf_counter
         start = clock()
-        blocks = plan.blocks
-        arenas = [None if k in blocks else np.empty((rows, *shape), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
-                  for k, ((elem_type, shape), rows) in enumerate(zip(plan.kinds, plan.rows))]
+        arenas = _arenas(plan)
         for arena, first, names in plan.literal_runs:
             np.stack([literals[name] for name in names], out=arenas[arena][first:first + len(names)])
         baked_by_step = self._baked_by_step(plan, weights) if self.snapshots is not None else None
@@ -237,6 +238,27 @@ def _fits(value: Any, shape: tuple[int, ...], dtype: np.dtype, step: Step) -> No
         name = step.template.graph.name if step.template is not None else "a reduction"
         raise SlotMismatch(f"{name} returned {describe([value])[1:-1]} where the plan has room for "
                            f"{np.dtype(dtype)}{list(shape)}")
+
+
+class ArenaTooLarge(NodeExecutionError):
+    """The rows a plan needs do not fit in memory."""
+
+
+def _arenas(plan: FlatPlan) -> list[np.ndarray | None]:
+    """Every arena of the plan, allocated (a block stays None until its step gives it)."""
+    arenas: list[np.ndarray | None] = []
+    for k, ((elem_type, shape), rows) in enumerate(zip(plan.kinds, plan.rows)):
+        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+        if k in plan.blocks:
+            arenas.append(None)
+            continue
+        try:
+            arenas.append(np.empty((rows, *shape), dtype=dtype))
+        except (MemoryError, ValueError) as error:  # ValueError: a size past what NumPy can index
+            size = rows * math.prod(shape) * np.dtype(dtype).itemsize
+            raise ArenaTooLarge(f"the plan needs {rows} rows of {np.dtype(dtype)}{list(shape)} ({size / 2**30:.3g} GiB): "
+                                f"{type(error).__name__}") from None
+    return arenas
 
 
 def _block_array(plan: FlatPlan, write: Block) -> np.ndarray:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-import onnxruntime as ort
 from onnx import ModelProto
 from onnx.backend.base import Backend, BackendRep
 
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.numpy_backend import feeds_by_name
 from autobatch.backends.ort_runtime import (
-    CPU, CUDA, NUMPY_LESS_TYPES, UnsupportedByOnnxruntime, default_providers, new_session, session_options,
+    CPU, CUDA, NUMPY_LESS_TYPES, UnsupportedByOnnxruntime, default_providers, new_session, run_session,
+    session_options,
 )
 from autobatch.ir import Graph, from_onnx, to_onnx
-from autobatch.ir.limits import DeadlineExceeded, remaining
 
 
 class OrtBackendRep(BackendRep):
@@ -34,21 +32,7 @@ class OrtBackendRep(BackendRep):
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = check_feeds(self.graph, feeds_by_name(self.graph.inputs, inputs))
-        seconds = remaining()
-        if seconds is None:
-            return tuple(self.session.run(None, feeds))
-        # Past the caller's deadline onnxruntime stops between nodes (a Loop's too) when told.
-        options = ort.RunOptions()
-        timer = threading.Timer(max(seconds, 0.0), lambda: setattr(options, "terminate", True))
-        timer.start()
-        try:
-            return tuple(self.session.run(None, feeds, options))
-        except Exception:
-            if options.terminate:
-                raise DeadlineExceeded("the work went past its deadline and was stopped") from None
-            raise
-        finally:
-            timer.cancel()
+        return tuple(run_session(self.session.run, None, feeds))
 
 
 class OrtBackend(Backend):

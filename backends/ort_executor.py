@@ -25,10 +25,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from autobatch.backends.interpreter import FeedError, Interpreter, NodeExecutionError, describe
-from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
+from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime, run_session
 from autobatch.batcher.rewrite import is_data_movement
 from autobatch.ir import Graph, Node, captured_names
-from autobatch.ir.limits import check_deadline
+from autobatch.ir.limits import DeadlineExceeded, check_deadline
 from autobatch.ir.onnx_io import choose_ir_version
 
 
@@ -43,6 +43,7 @@ class Segment:
     structure: tuple = ()
     # Constants onnxruntime cannot be fed from NumPy (float8, int4, bfloat16 ...): inside the model.
     embedded: dict[str, np.ndarray] = field(default_factory=dict)
+    pinned: frozenset[str] = frozenset()  # inputs whose length the session declares (``LENGTH_READ``)
 
 
 @dataclass
@@ -141,7 +142,9 @@ class OrtExecutor:
         inputs = [n for n in inputs if n not in embedded]
         structure = (_structure(nodes, [*inputs, *embedded], outputs),
                      tuple((a.dtype.str, a.shape, a.tobytes()) for a in embedded.values()))
-        return Segment(nodes, inputs, outputs, structure, embedded)
+        pinned = frozenset(node.inputs[i] for node in nodes if not node.domain
+                           for i in LENGTH_READ.get(node.op_type, ()) if i < len(node.inputs))
+        return Segment(nodes, inputs, outputs, structure, embedded, pinned)
 
     # ------------------------------------------------------------------ running
     def run(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> list[np.ndarray]:
@@ -192,14 +195,16 @@ class OrtExecutor:
         return counts
 
     def _run_segment(self, segment: Segment, values: list[Any]) -> list[Any]:
-        key = (segment.structure, tuple(_input_spec(v) for v in values))
+        key = (segment.structure, tuple(_input_spec(v, name in segment.pinned) for name, v in zip(segment.inputs, values)))
         session = self.cache.get(key, lambda: self._segment_model(segment, values))
         names = [f"in{i}" for i in range(len(values))]
         outputs = [f"out{i}" for i in range(len(segment.outputs))]
         try:
             if self.device_values:
-                return list(session.run_with_ort_values(outputs, dict(zip(names, values))))
-            return session.run(outputs, dict(zip(names, values)))
+                return list(run_session(session.run_with_ort_values, outputs, dict(zip(names, values))))
+            return run_session(session.run, outputs, dict(zip(names, values)))
+        except DeadlineExceeded:
+            raise
         except Exception as error:  # onnxruntime raises its own exception types
             first = segment.nodes[0]
             raise NodeExecutionError(
@@ -224,9 +229,10 @@ class OrtExecutor:
                                      [rename[n] if n else "" for n in node.outputs], domain=node.domain or None)
             proto.attribute.extend(node.attributes.values())
             nodes.append(proto)
+        specs = [_input_spec(v, name in segment.pinned) for name, v in zip(segment.inputs, values)]
         inputs = [helper.make_tensor_value_info(f"in{i}", _elem_type(v), [f"in{i}_{j}" if d is None else d
-                                                                          for j, d in enumerate(_input_spec(v)[1])])
-                  for i, v in enumerate(values)]
+                                                                          for j, d in enumerate(spec[1])])
+                  for i, (v, spec) in enumerate(zip(values, specs))]
         outputs = [helper.make_empty_tensor_value_info(f"out{i}") for i in range(len(segment.outputs))]
         constants = [onnx.numpy_helper.from_array(a, rename[n]) for n, a in segment.embedded.items()]
         graph = helper.make_graph(nodes, "segment", inputs, outputs, initializer=constants)
@@ -274,16 +280,20 @@ def _tensors_only(graph: Graph, node: Node) -> bool:
     return all(vtype is None or vtype.is_tensor for vtype in types)
 
 
-def _input_spec(value: Any) -> tuple[str, tuple[int | None, ...]]:
-    """A segment input's dtype and dimensions: none known, but the length of a 1-D integer
-    value (a shape, sizes, axes), whose length onnxruntime's shape inference reads."""
+# Inputs (by index) whose length onnxruntime's shape inference reads when it builds a session:
+# unnamed, it takes an unknown length for 0 ("sizes (0) must be same as rank of X").
+LENGTH_READ = {"Resize": (1, 2, 3), "Upsample": (1,)}
+
+
+def _input_spec(value: Any, pinned: bool) -> tuple[str, tuple[int | None, ...]]:
+    """A segment input's dtype and dimensions: none known, but the length of one that
+    ``LENGTH_READ`` says onnxruntime reads (``pinned``)."""
     if isinstance(value, ort.OrtValue):
         dtype, shape = value.data_type(), tuple(value.shape())
-        integer = "int" in dtype
     else:
         array = np.asarray(value)
-        dtype, shape, integer = array.dtype.str, array.shape, array.dtype.kind in "iu"
-    return dtype, shape if integer and len(shape) == 1 else (None,) * len(shape)
+        dtype, shape = array.dtype.str, array.shape
+    return dtype, shape if pinned and len(shape) == 1 else (None,) * len(shape)
 
 
 def _elem_type(value: Any) -> int:

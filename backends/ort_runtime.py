@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import importlib.metadata
 import io
+import itertools
 import logging
+import threading
 import time
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass
 
@@ -20,6 +23,7 @@ from onnx import TensorProto, helper
 
 from autobatch.backends.nan_reductions import propagate_nans
 from autobatch.ir import Recent
+from autobatch.ir.limits import DeadlineExceeded, remaining
 from autobatch.ir.onnx_io import max_onnxruntime_ir_version
 
 log = logging.getLogger("autobatch.onnxruntime")
@@ -102,7 +106,8 @@ NUMPY_LESS_TYPES = frozenset(getattr(TensorProto, name) for name in (
 
 
 class UnsupportedByOnnxruntime(ValueError):
-    """A model the installed onnxruntime cannot load (its IR version or opset is too new)."""
+    """A model the installed onnxruntime cannot load: its IR version or opset is too new, its
+    types cannot pass through onnxruntime's Python API, or onnxruntime refused it."""
 
 
 def new_session(model: onnx.ModelProto, options: ort.SessionOptions, providers: Sequence[str]) -> ort.InferenceSession:
@@ -115,7 +120,69 @@ def new_session(model: onnx.ModelProto, options: ort.SessionOptions, providers: 
         raise UnsupportedByOnnxruntime(
             f"onnxruntime {ort.__version__} runs opsets up to {newest} (IR version {max_onnxruntime_ir_version()}); "
             f"this model needs opset {opset} (IR version {model.ir_version}): run it on the numpy backend")
-    return ort.InferenceSession(propagate_nans(model).SerializeToString(), options, providers=list(providers))
+    try:
+        return ort.InferenceSession(propagate_nans(model).SerializeToString(), options, providers=list(providers))
+    except Exception as error:  # onnxruntime raises its own exception types, some over several lines
+        raise UnsupportedByOnnxruntime(f"onnxruntime refused the model: {' '.join(str(error).split())}") from None
+
+
+class _Watchdog:
+    """One thread for every onnxruntime run that has a deadline: at the deadline it sets the
+    run's ``RunOptions.terminate``, and onnxruntime stops between nodes (a Loop's too). A timer
+    thread a run cost ten times the run of a small model."""
+
+    def __init__(self) -> None:
+        self._due: list[list] = []  # heaps of [when, order, options, watching]
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, when: float, options: ort.RunOptions) -> list:
+        entry = [when, next(self._order), options, True]
+        with self._wake:
+            heapq.heappush(self._due, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="autobatch-onnxruntime-deadlines", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return entry
+
+    def _run(self) -> None:
+        with self._wake:
+            while True:
+                while self._due and not self._due[0][3]:
+                    heapq.heappop(self._due)  # runs that finished in time
+                if not self._due:
+                    self._wake.wait()
+                    continue
+                wait = self._due[0][0] - time.monotonic()
+                if wait > 0:
+                    self._wake.wait(wait)
+                    continue
+                _, _, options, watching = heapq.heappop(self._due)
+                if watching:
+                    options.terminate = True
+
+
+_WATCHDOG = _Watchdog()
+
+
+def run_session(run: Callable[..., Any], outputs: Sequence[str] | None, feeds: Mapping[str, Any]) -> Any:
+    """``run(outputs, feeds)`` of a session (``run`` or ``run_with_ort_values``), stopped by
+    onnxruntime itself once the caller's deadline passes (``DeadlineExceeded``)."""
+    seconds = remaining()
+    if seconds is None:
+        return run(outputs, feeds)
+    options = ort.RunOptions()
+    entry = _WATCHDOG.watch(time.monotonic() + max(seconds, 0.0), options)
+    try:
+        return run(outputs, feeds, options)
+    except Exception:
+        if options.terminate:
+            raise DeadlineExceeded("the work went past its deadline and was stopped") from None
+        raise
+    finally:
+        entry[3] = False
 
 
 @functools.cache

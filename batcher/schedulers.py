@@ -13,7 +13,6 @@ group holding nodes of one signature class whose dependencies all lie in earlier
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -154,9 +153,11 @@ def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak],
         pending[code // levels][code % levels] = count
     lowest = {cls: min(levels) for cls, levels in pending.items()}  # kept up to date below
     highest = {cls: max(levels) for cls, levels in pending.items()}
-    # Per class, its pending levels in a heap (a level is dropped once its nodes are all
-    # launched): the lowest in O(log levels), where scanning them made deep chains quadratic.
-    heaps = {cls: sorted(levels) for cls, levels in pending.items()}
+    # Per class, its levels in order and how far the launched ones reach: levels only ever
+    # finish, so the lowest pending one is found by moving on (scanning them all each launch
+    # made deep chains quadratic).
+    in_order = {cls: sorted(levels) for cls, levels in pending.items()}
+    passed = dict.fromkeys(pending, 0)
     key = tie_break(problem)
 
     def completes_lowest_level(ready: _Ready, cls: int) -> bool:
@@ -171,11 +172,12 @@ def _level_schedule(problem: Problem, tie_break: Callable[[Problem], TieBreak],
             counts[lvl] -= 1
             if counts[lvl] == 0:
                 del counts[lvl]
-        heap = heaps[cls]
-        while heap and heap[0] not in counts:
-            heapq.heappop(heap)
-        if heap:
-            lowest[cls] = heap[0]
+        levels, k = in_order[cls], passed[cls]
+        while k < len(levels) and levels[k] not in counts:
+            k += 1
+        passed[cls] = k
+        if k < len(levels):
+            lowest[cls] = levels[k]
         return cls
 
     return _agenda(problem, choose, limit, by_level=True)

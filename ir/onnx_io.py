@@ -50,7 +50,7 @@ def load_model(source: ModelSource) -> ModelProto:
 
 
 # The newest opset of each ONNX domain the installed onnx defines (its release's row).
-_, _, _DEFAULT_OPSET, _ML_OPSET, _TRAINING_OPSET = helper.VERSION_TABLE[-1]
+_, _, _, _ML_OPSET, _TRAINING_OPSET = helper.VERSION_TABLE[-1]
 NEWEST_OPSETS = {"": onnx.defs.onnx_opset_version(), "ai.onnx": onnx.defs.onnx_opset_version(),
                  "ai.onnx.ml": _ML_OPSET, "ai.onnx.training": _TRAINING_OPSET}
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-import signal
 import socket
 import threading
 import time
@@ -169,11 +169,16 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
+_REFUSED = itertools.count(1)
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with two limits it lacks: a connection past
     ``max_connections`` is closed at once, and one that has not sent a whole request head within
     ``head_timeout_s`` of its start (or of its last response) is closed, so that clients sending
-    heads a byte at a time (slowloris) cannot hold sockets. ``limited`` makes the subclass."""
+    heads a byte at a time (slowloris) cannot hold sockets. (uvicorn's ``limit_concurrency``
+    answers 503 to requests past a count, but only once their heads have arrived, and its
+    ``timeout_keep_alive`` starts only after a first response.) ``limited`` makes the subclass."""
 
     head_timeout_s = HEAD_TIMEOUT_S
     max_connections = MAX_CONNECTIONS
@@ -186,8 +191,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.max_connections:
-            self.logger.warning("refused a connection: %d open, the limit is %d", len(self.connections),
-                                self.max_connections)
+            refused = next(_REFUSED)
+            if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood is not a flood of lines
+                self.logger.warning("%d connections refused so far: %d open, the limit is %d", refused,
+                                    len(self.connections), self.max_connections)
             transport.close()
             return
         self._wait_for_head()
@@ -223,44 +230,37 @@ class GuardedH11Protocol(H11Protocol):
 
 class DrainingServer(uvicorn.Server):
     """On SIGTERM or SIGINT: readiness goes false and every engine refuses new requests with
-    503 while it answers what is queued and running; ``drain_s`` later the server stops and
-    the process exits 0 (uvicorn re-raises the signal, which ends the process by it). A second
-    signal stops at once."""
+    503 while it answers what is queued and running; ``drain_s`` later the server stops, and
+    the process exits 0 (uvicorn would re-raise the signal it caught, ending the process by it,
+    so the signal is not recorded for that). A second signal stops at once."""
 
     def __init__(self, config: uvicorn.Config, registry: ModelRegistry, drain_s: float = DRAIN_S) -> None:
         super().__init__(config)
         self.registry = registry
         self.drain_s = drain_s
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._draining = False
+        self._drain: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining or self._loop is None:
-            self.should_exit = True
+        if self._drain is not None or self._loop is None:
+            self.should_exit = self.force_exit = True
             return
-        self._draining = True
-        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+        self._loop.call_soon_threadsafe(self._start_draining)
 
-    async def _drain(self) -> None:
-        await self.registry.close()
-        await asyncio.sleep(self.drain_s)
-        self.should_exit = True
+    def _start_draining(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._drained())
+
+    async def _drained(self) -> None:
+        try:
+            await self.registry.close()
+            await asyncio.sleep(self.drain_s)
+        finally:
+            self.should_exit = True
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from autobatch import InferenceSession
-from autobatch.backends import Interpreter
+from autobatch.backends import FeedError, Interpreter
 from autobatch.ir import OnnxImportError, from_onnx
 from tests.oracle import assert_batched_equals_alone
 
@@ -223,3 +223,67 @@ def test_argmax_over_an_empty_axis_is_a_clear_error():
     model = parse("""<ir_version: 8, opset_import: ["" : 17]> g (float[A, B] x) => (int64[A] y) { y = ArgMax<axis = 1, keepdims = 0>(x) }""")
     with pytest.raises(Exception, match="ArgMax over axis 1 of length 0: there is no index to give"):
         InferenceSession(model).run(None, {"x": np.zeros((2, 0), np.float32)})
+
+
+def test_a_scan_of_no_iterations_puts_its_zero_on_the_output_axis():
+    """Scan over 0 steps with scan_output_axes=[1] gave (0, 2) where the spec gives (2, 0)."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] init, float[T, 2] xs) => (float[2] last, float[2, T] ys) {
+            last, ys = Scan<num_scan_inputs = 1, scan_output_axes = [1],
+                body = b (float[2] h, float[2] x) => (float[2] h2, float[2] y) { h2 = Add(h, x)  y = Identity(h2) }>(init, xs)
+        }""")
+    graph = from_onnx(model)
+    last, ys = Interpreter(graph).run({"init": np.ones(2, np.float32), "xs": np.zeros((0, 2), np.float32)})
+    assert ys.shape == (2, 0) and last.tolist() == [1, 1]
+    last, ys = Interpreter(graph).run({"init": np.ones(2, np.float32), "xs": np.ones((3, 2), np.float32)})
+    np.testing.assert_array_equal(ys, [[2, 3, 4], [2, 3, 4]])
+
+
+def test_scan_8_with_rows_of_no_steps_and_with_no_rows():
+    model = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Scan", ["lengths", "init", "xs"], ["last", "ys"], num_scan_inputs=1,
+                               body=onnx.helper.make_graph(
+                                   [onnx.helper.make_node("Add", ["h", "x"], ["h2"]),
+                                    onnx.helper.make_node("Identity", ["h2"], ["y"])], "b",
+                                   [onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT, [2]),
+                                    onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                                   [onnx.helper.make_tensor_value_info("h2", onnx.TensorProto.FLOAT, [2]),
+                                    onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])]))], "g",
+        [onnx.helper.make_tensor_value_info("lengths", onnx.TensorProto.INT32, ["B"]),
+         onnx.helper.make_tensor_value_info("init", onnx.TensorProto.FLOAT, ["B", 2]),
+         onnx.helper.make_tensor_value_info("xs", onnx.TensorProto.FLOAT, ["B", "T", 2])],
+        [onnx.helper.make_tensor_value_info("last", onnx.TensorProto.FLOAT, ["B", 2]),
+         onnx.helper.make_tensor_value_info("ys", onnx.TensorProto.FLOAT, ["B", "T", 2])]),
+        opset_imports=[onnx.helper.make_opsetid("", 8)], ir_version=4)
+    run = Interpreter(from_onnx(model)).run
+    last, ys = run({"lengths": np.array([0, 2], np.int32), "init": np.ones((2, 2), np.float32),
+                    "xs": np.ones((2, 3, 2), np.float32)})
+    np.testing.assert_array_equal(last, [[1, 1], [3, 3]])
+    np.testing.assert_array_equal(ys, [np.zeros((3, 2)), [[2, 2], [3, 3], [0, 0]]])
+    last, ys = run({"lengths": np.array([0], np.int32), "init": np.ones((1, 2), np.float32),
+                    "xs": np.ones((1, 3, 2), np.float32)})
+    assert ys.shape == (1, 3, 2) and not ys.any()
+    last, ys = run({"lengths": np.zeros(0, np.int32), "init": np.zeros((0, 2), np.float32),
+                    "xs": np.zeros((0, 3, 2), np.float32)})
+    assert last.shape == (0, 2) and ys.shape == (0, 3, 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_deadline_stops_a_loop_while_it_runs(backend):
+    """The deadline inside a Loop's iterations came out as a NodeExecutionError, so a batch past
+    its deadline was re-run instance by instance."""
+    from autobatch.ir.limits import DeadlineExceeded, deadline
+
+    session = InferenceSession(parse(LOOP_WITHOUT_CONDITION), backend=backend, max_unrolled_nodes=10**9)
+    feeds = {"m": np.array(10**8, np.int64), "x": np.array([1, -1], np.float32)}
+    session._control_flow = False  # as if unrolling could not bound it: the Loop itself must stop
+    with pytest.raises(DeadlineExceeded), deadline(0.3):
+        session.run(None, feeds)
+
+
+def test_a_loop_counts_its_nodes_against_max_unrolled_nodes():
+    session = InferenceSession(parse(LOOP_WITHOUT_CONDITION), max_unrolled_nodes=1_000)
+    np.testing.assert_array_equal(session.run(None, {"m": np.array(100, np.int64), "x": np.ones(2, np.float32)})[0],
+                                  np.full(2, 2.0**100, np.float32))
+    with pytest.raises(FeedError, match="would run more than 1000 nodes"):
+        session.run(None, {"m": np.array(10**6, np.int64), "x": np.ones(2, np.float32)})

@@ -144,7 +144,7 @@ def test_work_past_its_deadline_stops_and_frees_the_model(guarded):
     status, body = post(guarded.port, "/v2/models/deep/infer", loop_body(3), timeout=60)
     assert status == 200, body
     np.testing.assert_allclose(body["outputs"][0]["data"], loop_answer(3), rtol=1e-5, atol=1e-6)
-    assert time.monotonic() - start < 20  # the minute of unrolling did not run on
+    assert time.monotonic() - start < 5  # the minute of unrolling did not run on
 
 
 def test_a_failing_batch_is_logged_and_counted(caplog):
@@ -199,11 +199,14 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(tmp_path):
         deadline = time.monotonic() + 30
         while True:
             try:
-                if http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/v2/health/ready") is None:
+                probe = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                probe.request("GET", "/v2/health/ready")
+                if probe.getresponse().status == 200:
                     break
             except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
-                time.sleep(0.1)
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+            time.sleep(0.1)
         threads = [threading.Thread(target=client, args=(seed,)) for seed in range(16)]
         for thread in threads:
             thread.start()
@@ -305,3 +308,32 @@ def test_a_storm_of_valid_broken_vanishing_and_runaway_requests(tmp_path):
         text = metrics.getresponse().read().decode()
     assert not problems, problems[:5]
     assert 'code="500"' not in text  # nothing failed on our side
+
+
+def test_a_request_whose_check_fails_fails_alone_and_its_batch_mates_are_answered():
+    """A Loop's condition that cannot be evaluated for one request (its body's Reshape fails)
+    failed the whole batch with 500s: check raised something else than FeedError."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[N] x, int64[2] shape) => (float[N] y) {
+            y = Loop(, go, x) <body = b (int64 i, bool c, float[N] h) => (bool c2, float[N] h2) {
+                r = Reshape(h, shape)
+                s = ReduceSum<keepdims = 0>(r)
+                z = Constant<value = float {100}>()
+                c2 = Less(s, z)
+                h2 = Add(h, h)
+            }>
+        }""".replace("g (float[N] x, int64[2] shape)", "g (float[N] x, int64[2] shape, bool go)"))
+
+    async def main() -> None:
+        engine = Engine(model, name="loop", batch_wait_timeout_s=0.05)
+        good = {"x": np.ones(4, np.float32), "shape": np.array([2, 2]), "go": np.array(True)}
+        bad = {"x": np.ones(4, np.float32), "shape": np.array([3, 3]), "go": np.array(True)}
+        results = await asyncio.gather(engine.infer(good), engine.infer(bad), engine.infer(good),
+                                       return_exceptions=True)
+        await engine.close()
+        assert not isinstance(results[0], BaseException) and not isinstance(results[2], BaseException), results
+        np.testing.assert_array_equal(results[0]["y"], InferenceSession(model).run(None, good)[0])
+        np.testing.assert_array_equal(results[0]["y"], np.full(4, 64, np.float32))
+        assert "cannot evaluate its condition" in str(results[1])
+
+    asyncio.run(main())
