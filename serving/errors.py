@@ -21,9 +21,11 @@ class ModelNotFound(ServingError):
 
 
 class BodyTimeout(ServingError):
-    """The request's body took too long to arrive."""
+    """The request's body took too long to arrive: the connection is closed after the answer
+    (the rest of that body would be read as the next request)."""
 
     status = 408
+    headers = {"Connection": "close"}
 
 
 class PayloadTooLarge(ServingError):
