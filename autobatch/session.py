@@ -23,7 +23,7 @@ from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
-from autobatch.batcher.fold import constant_value, constants_to_initializers
+from autobatch.batcher.constants import constant_value, constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
 from autobatch.ir import Graph, Recent, ValueType, from_onnx

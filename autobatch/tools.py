@@ -21,7 +21,7 @@ from autobatch.backends.ort_runtime import CPU, new_session, session_options
 from autobatch.batcher import BatchingPass, build_problem, get_scheduler
 from autobatch.batcher.problem import UNBATCHABLE
 from autobatch.batcher.rewrite import has_rule
-from autobatch.batcher.fold import constants_to_initializers
+from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView

@@ -117,12 +117,12 @@ class Template:
     row_shape: tuple[int, ...] | None = None
     # A loss over rows (``batcher.ragged.ROW_LOSS``): the template gives one value a row, and
     # this reduces each member's run of them.
-    segment: Segment | None = None
+    segment: RowReduction | None = None
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
 @dataclass(frozen=True)
-class Segment:
+class RowReduction:
     """A ReduceSum or ReduceMean over axis 0 of members of different lengths: each member's run
     of rows reduced in NumPy on every backend, as a sum of terms is."""
 
@@ -171,7 +171,7 @@ class Step:
     writes: list[Any]  # per output: (arena, first row), or a Block
     offsets: np.ndarray | None = None
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
-    segment: Segment | None = None
+    segment: RowReduction | None = None
     fold: list[Level] | None = None  # a fold's launches: the leaves', then a level's each (``batcher.folds``)
     _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
 
@@ -259,7 +259,7 @@ class _Planner:
         self.classes: list[tuple] = []
         self.class_of: dict[tuple, int] = {}  # a signature -> its class
         self.record_class: list[int] = []  # per record (live ones, in order): its class
-        self.templates: list[Template | Segment | str | None] = []  # per class; None for sums of terms
+        self.templates: list[Template | RowReduction | str | None] = []  # per class; None for sums of terms
         self.first_records: list[TraceRecord] = []  # per class: its first record
         self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
         self._attributes_keys: dict[int, tuple] = {}
@@ -356,13 +356,13 @@ class _Planner:
             self.ragged.append(signature)
         return np.array(merged, dtype=np.int64)
 
-    def _ragged_template(self, record: TraceRecord) -> Template | Segment | None:
+    def _ragged_template(self, record: TraceRecord) -> Template | RowReduction | None:
         """The op itself over rows of any number (``R``), cached as templates are."""
         if record.domain:  # a fold: its step is worked out from its members
             return Fold()
         if record.op_type in SEGMENT_REDUCTIONS:
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
-            return Segment(record.op_type == "ReduceMean", bool(keepdims))
+            return RowReduction(record.op_type == "ReduceMean", bool(keepdims))
         specs, baked = self._operand_specs(record)
         if record.op_type in RECURRENT:
             return self._sequences_template(record, specs, baked)
@@ -374,7 +374,7 @@ class _Planner:
             attrs, segment = record.attributes, None
             if record.op_type == ROW_LOSS:  # a loss a row, then each member's sum or mean
                 mean = "reduction" not in attrs or _text(attribute_value(attrs["reduction"])) == "mean"
-                segment = Segment(mean, keepdims=False)
+                segment = RowReduction(mean, keepdims=False)
                 attrs = {**attrs, "reduction": helper.make_attribute("reduction", "none")}
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), attrs, list(record.inputs),
                         list(record.outputs), 0, "")
@@ -497,7 +497,7 @@ class _Planner:
         template = self.templates[cls]
         if isinstance(template, Fold):
             return self._fold_step(members)
-        if isinstance(template, Segment) or isinstance(template, Template) and template.ragged:
+        if isinstance(template, RowReduction) or isinstance(template, Template) and template.ragged:
             return self._ragged_step(members, template)
         outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
         if template is None:  # a sum of terms
@@ -517,19 +517,19 @@ class _Planner:
         writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
-    def _ragged_step(self, members: list[TraceRecord], template: Template | Segment) -> Step:
+    def _ragged_step(self, members: list[TraceRecord], template: Template | RowReduction) -> Step:
         """Members ordered by length (stable: the order of an earlier ragged step over the same
         instances, whose blocks are then read as views)."""
         data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
         members, lengths, groups, bounds = _by_length(members, data)
         inputs = list(zip(*[member.inputs for member in members]))
         sequences = isinstance(template, Template) and template.sequences
-        stacked = [data] if isinstance(template, Segment) or sequences else template.stacked
+        stacked = [data] if isinstance(template, RowReduction) or sequences else template.stacked
         reads = [self._ragged_read(inputs[i], bounds) for i in stacked]
         outputs = list(zip(*[member.outputs for member in members]))
         # A reduction of each member's rows (a ReduceSum or ReduceMean itself, or a loss a row
         # reduced): one output, of one shape, K rows of one arena.
-        segment = template if isinstance(template, Segment) else template.segment
+        segment = template if isinstance(template, RowReduction) else template.segment
         if segment is not None:
             offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
             run = template if isinstance(template, Template) else None

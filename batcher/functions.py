@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from onnx import FunctionProto
 
-from autobatch.batcher.fold import constant_value
+from autobatch.batcher.constants import constant_value
 from autobatch.batcher.rules import RULES, Emitter, Operand, Rule, Shape
 from autobatch.ir import Node, ValueType
 

@@ -105,10 +105,6 @@ def _hashable(proto: AttributeProto) -> Any:
     return (AttributeProto.AttributeType.Name(kind), proto.SerializeToString(deterministic=True))
 
 
-def signatures(graph: Graph) -> dict[int, Signature | None]:
-    return {node_id: node_signature(graph, node) for node_id, node in graph.nodes.items()}
-
-
 def describe(signature: Signature | None) -> str:
     if signature is None:
         return "unbatchable"
