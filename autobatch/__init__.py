@@ -3,14 +3,13 @@
 Subpackages: ``autobatch.ir`` (the IR and ONNX import/export), ``autobatch.frontends``
 (tracing, cells, lockstep programs), ``autobatch.batcher`` (signatures, schedulers, batching
 rules, rewrite), ``autobatch.backends`` (NumPy and onnxruntime executors).
-See DESIGN.md for the data flow.
+See ARCHITECTURE.md for the data flow.
 """
 
 from autobatch.backends import NumpyBackend, OrtBackend
+from autobatch.batch import Batch, run_programs
 from autobatch.batcher import BatchingPass
-from autobatch.frontends import (
-    Batch, Parameter, ProgramFailure, Tensor, TraceError, cell, fold_tree, ops, run_programs,
-)
+from autobatch.frontends import Parameter, ProgramFailure, Tensor, TraceError, cell, fold_tree, ops
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.session import InferenceSession
 

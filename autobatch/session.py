@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from autobatch.backends import FeedError, Interpreter
+from autobatch.backends import FeedError, Interpreter, evaluate
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.flat_executor import FlatExecutor, OrtTemplate
 from autobatch.backends.interpreter import check_feeds
@@ -348,7 +348,7 @@ class InferenceSession:
             graph = self._unrolled.get(key)
             if graph is None:
                 try:
-                    graph = unroll_instance(self.graph, feeds, self.max_unrolled_nodes)
+                    graph = unroll_instance(self.graph, feeds, evaluate, self.max_unrolled_nodes)
                 except WorkLimit as error:
                     raise FeedError(str(error)) from None
                 constants_to_initializers(graph)

@@ -22,7 +22,7 @@ from onnx import ModelProto, helper, numpy_helper
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import SessionCache, new_session, run_session
-from autobatch.batcher.folds import LEAF
+from autobatch.ir.records import LEAF
 from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx

@@ -178,3 +178,12 @@ def describe(values: Sequence[Any], limit: int = 8) -> str:
     if len(values) > limit:
         parts.append(f"... {len(values) - limit} more")
     return "(" + ", ".join(parts) + ")"
+
+
+def evaluate(graph: Graph, feeds: dict[str, Any]) -> list[Any] | None:
+    """The outputs of ``graph`` for ``feeds`` on the NumPy interpreter, or None where it cannot
+    run them (what ``frontends.unroll_instance`` asks to decide control flow)."""
+    try:
+        return Interpreter(graph).run(feeds)
+    except (NodeExecutionError, NotImplementedError):
+        return None

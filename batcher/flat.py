@@ -32,13 +32,13 @@ import itertools
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.batching_pass import BatchReport
-from autobatch.batcher.folds import LEAF, Fold, Level, state_types, tree_levels
+from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
@@ -48,6 +48,7 @@ from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, Node, ValueType, attribute_value, is_nondeterministic
+from autobatch.ir.records import LEAF, TraceRecord
 from autobatch.ir.types import MISSING
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
@@ -71,26 +72,6 @@ ARENA_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in A
 
 class NotFlat(Exception):
     """The batch needs the general path; the message says why."""
-
-
-class TraceRecord(Protocol):
-    """What planning reads of one traced op (``autobatch.frontends.tracing`` makes them).
-
-    ``entries``: per input, its name when every instance shares it (a weight, a shared
-    constant), else its type, or ``ir.types.MISSING``. ``key``: equal only for records of one
-    signature class (made of op, attributes and entries, or an object standing for them).
-    ``preds``: indices of the records it reads (one may be listed more than once).
-    """
-
-    op_type: str
-    domain: str
-    inputs: list[str]
-    outputs: list[str]
-    attributes: dict[str, AttributeProto]
-    types: list[ValueType]
-    entries: tuple
-    key: Hashable
-    preds: list[int]
 
 
 Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)

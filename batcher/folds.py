@@ -13,10 +13,7 @@ from typing import Any
 import numpy as np
 
 from autobatch.ir import ValueType
-
-FOLD_DOMAIN = "autobatch.folds"
-FOLD_TREE = "FoldTree"
-LEAF = -1  # a leaf's entry in a tree's children matrix
+from autobatch.ir.records import FOLD_DOMAIN, FOLD_TREE, LEAF
 
 
 def fold_signature(record: Any, attributes: tuple) -> tuple | None:

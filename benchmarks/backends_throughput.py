@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 from autobatch import arguments
 from autobatch.backends import Interpreter
 from autobatch.backends.ort_runtime import CPU, CUDA, SessionCache
-from autobatch.frontends import Batch
+from autobatch.batch import Batch
 from autobatch.ir import from_onnx
 from benchmarks.timing import timed
 from benchmarks.models import Workload, bilstm_workload, tree_lstm_workload

@@ -9,7 +9,7 @@ from typing import Any
 from autobatch.datasets import sst_trees, wikiner_sentences
 from autobatch.examples import bilstm_tagger, tree_lstm
 from autobatch.examples.common import Params
-from autobatch.frontends import Batch
+from autobatch.batch import Batch
 from autobatch.ir import Graph
 
 Workload = tuple[Callable[[Any, Params], Any], Sequence[Any], Params, str]

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 from autobatch.batcher import BatchingPass
 from autobatch.datasets import synthetic_tree
 from autobatch.examples import tree_lstm
-from autobatch.frontends import Batch
+from autobatch.batch import Batch
 from autobatch.ir import to_onnx
 from autobatch.tools import plan_view
 

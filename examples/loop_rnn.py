@@ -17,7 +17,7 @@ import onnx
 import onnxruntime
 
 from autobatch import arguments
-from autobatch.backends import Interpreter
+from autobatch.backends import Interpreter, evaluate
 from autobatch.batcher import BatchingPass
 from autobatch.frontends import unroll_instance
 from autobatch.ir import Graph, from_onnx
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                  for t in lengths]
 
     seconds = {"unroll": time.perf_counter()}
-    unrolled = [unroll_instance(graph, feeds) for feeds in instances]
+    unrolled = [unroll_instance(graph, feeds, evaluate) for feeds in instances]
     seconds["batch"] = time.perf_counter()
     result = BatchingPass("level")(Graph.union(unrolled))
     seconds["run"] = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from autobatch import cell, fold_tree, ops
-from autobatch.batcher.folds import LEAF
+from autobatch.ir.records import LEAF
 from autobatch.datasets import Tree, sst_trees
 from autobatch.frontends.cells import Cell
 from autobatch.examples.common import Params, Vocabulary, argument_parser, measure_losses, run_all

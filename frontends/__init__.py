@@ -5,10 +5,10 @@ from autobatch.frontends import ops
 from autobatch.frontends.cells import Cell, cell
 from autobatch.frontends.folds import fold_tree
 from autobatch.frontends.onnx_control_flow import unroll_instance
-from autobatch.frontends.programs import ProgramFailure, ProgramsDidNotFinish, run_programs
-from autobatch.frontends.tracing import Batch, Parameter, Tensor, TraceError, current_batch
+from autobatch.frontends.programs import ProgramFailure, ProgramsDidNotFinish, run_in_lockstep
+from autobatch.frontends.tracing import Parameter, Tensor, TraceError, Tracer, current_batch
 
 __all__ = [
-    "Batch", "Cell", "Parameter", "ProgramFailure", "ProgramsDidNotFinish", "Tensor", "TraceError", "cell", "fold_tree",
-    "current_batch", "ops", "run_programs", "unroll_instance",
+    "Cell", "Parameter", "ProgramFailure", "ProgramsDidNotFinish", "Tensor", "TraceError", "Tracer", "cell", "fold_tree",
+    "current_batch", "ops", "run_in_lockstep", "unroll_instance",
 ]

@@ -20,7 +20,7 @@ from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
 from autobatch.ir import Recent, ValueType, is_nondeterministic
-from autobatch.frontends.tracing import OPSET, Batch, Parameter, PreparedCall, Tensor, TraceError, _current
+from autobatch.frontends.tracing import OPSET, Tracer, Parameter, PreparedCall, Tensor, TraceError, _current
 
 CELL_DOMAIN = "autobatch.cells"
 _cell_ids = itertools.count()
@@ -65,7 +65,7 @@ class Cell:
         outputs = batch.record_call(call, tensors)
         return tuple(outputs) if self._returns_tuple else outputs[0]
 
-    def _prepare(self, batch: Batch, tensors: list[Tensor], entries: tuple) -> PreparedCall:
+    def _prepare(self, batch: Tracer, tensors: list[Tensor], entries: tuple) -> PreparedCall:
         """The cell traced for the operands' shapes and dtypes (once per cell), made known to
         ``batch`` with its parameters (once per batch)."""
         key = tuple([(t.shape, t.dtype) for t in tensors])
@@ -85,7 +85,7 @@ class Cell:
         return len(self._traced)
 
     def _trace(self, args: list[Tensor], index: int) -> TracedCell:
-        inner = Batch()
+        inner = Tracer()
         inner.folds_lookups = False
         token = _current.set(inner)
         try:
@@ -100,7 +100,7 @@ class Cell:
         return _function(f"{self.name}_{index}", inner, formal, outputs)
 
 
-def _function(name: str, inner: Batch, formal: list[Tensor], outputs: list[Tensor]) -> TracedCell:
+def _function(name: str, inner: Tracer, formal: list[Tensor], outputs: list[Tensor]) -> TracedCell:
     records, needed = inner.records_for([o.name for o in outputs])
     parameters = [(value, p) for value, p in inner.parameters_used.items() if value in needed]
     rename = {value: f"param{j}" for j, (value, _) in enumerate(parameters)}

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autobatch.batcher.folds import FOLD_DOMAIN, FOLD_TREE, LEAF
+from autobatch.ir.records import FOLD_DOMAIN, FOLD_TREE, LEAF
 from autobatch.frontends.cells import CELL_DOMAIN, Cell
 from autobatch.frontends.ops import _tensors
 from autobatch.frontends.tracing import PreparedCall, Tensor, TraceError, attributes

@@ -3,8 +3,8 @@
 One instance's inputs are known, so its ``If`` conditions and ``Loop``/``Scan`` trip counts
 are known too. This frontend inlines the branch taken and every iteration run, so that the
 batcher sees plain ops it can group across instances step by step (an RNN written as a Loop
-becomes T copies of its cell). Values that decide control flow are computed with the NumPy
-interpreter on just the part of the graph that produces them. What cannot be resolved (an
+becomes T copies of its cell). Values that decide control flow are computed on just the part
+of the graph that produces them, by the evaluator the caller gives (the NumPy interpreter). What cannot be resolved (an
 evaluation that fails, ``resolve=False``) stays as one opaque node that runs per instance.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,27 +32,34 @@ class UnrollError(ValueError):
     """This instance's control flow cannot be unrolled (its condition cannot be evaluated)."""
 
 
-def unroll_instance(graph: Graph, feeds: Mapping[str, Any], max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                    resolve: bool = True) -> Graph:
+# Runs a graph on feeds: its outputs, or None where it cannot (a backend's interpreter; frontends
+# sit left of backends in the data flow, so the caller hands one over).
+Evaluate = Callable[[Graph, dict[str, Any]], list[Any] | None]
+
+
+def unroll_instance(graph: Graph, feeds: Mapping[str, Any], evaluate: Evaluate,
+                    max_unrolled_nodes: int = MAX_UNROLLED_NODES, resolve: bool = True) -> Graph:
     """The graph of one instance with its control flow resolved for these feeds.
 
     Same input and output names as ``graph``; input types are the feeds' concrete types and
-    every other value's type is inferred. ``resolve=False`` keeps every If/Loop/Scan opaque.
-    Raises ``WorkLimit``, naming the node being unrolled, past ``max_unrolled_nodes`` nodes,
-    and ``DeadlineExceeded`` past the caller's deadline (``ir.limits``).
+    every other value's type is inferred. The values that decide control flow are computed by
+    ``evaluate`` (``backends.evaluate``: the NumPy interpreter). ``resolve=False`` keeps every
+    If/Loop/Scan opaque. Raises ``WorkLimit``, naming the node being unrolled, past
+    ``max_unrolled_nodes`` nodes, and ``DeadlineExceeded`` past the caller's deadline.
     """
-    return _Unroller(graph, feeds, max_unrolled_nodes, resolve).run()
+    return _Unroller(graph, feeds, evaluate, max_unrolled_nodes, resolve).run()
 
 
 class _Unroller:
     """Copies nodes into ``out``, inlining resolved control flow. ``known`` holds every value
     of ``out`` computed so far (feeds included), so repeated evaluations never redo work."""
 
-    def __init__(self, graph: Graph, feeds: Mapping[str, Any], budget: int, resolve: bool) -> None:
+    def __init__(self, graph: Graph, feeds: Mapping[str, Any], evaluate: Evaluate, budget: int, resolve: bool) -> None:
         missing = [name for name in graph.inputs if name not in feeds]
         if missing:
             raise ValueError(f"missing feed(s) {missing} for graph {graph.name!r}")
         self.source = graph
+        self.run_graph = evaluate
         self.budget = budget
         self.resolve = resolve
         self.out = Graph(graph.name, graph.opset_imports)
@@ -330,12 +337,8 @@ class _Unroller:
         needed = self._unevaluated_ancestors(name)
         sub = self.out.subgraph(needed, name="evaluate")
         sub.outputs = [o for i in sorted(needed) for o in self.out.nodes[i].outputs if o]  # memoize all
-        # Imported here: frontends sit left of backends in the data flow (DESIGN.md).
-        from autobatch.backends import Interpreter, NodeExecutionError
-
-        try:
-            results = Interpreter(sub).run({n: self.known[n] for n in sub.inputs})
-        except (NodeExecutionError, NotImplementedError):
+        results = self.run_graph(sub, {n: self.known[n] for n in sub.inputs})
+        if results is None:
             return None
         self.known.update(zip(sub.outputs, results))
         return self.known[name]

@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.frontends.tracing import Batch, Parameter, Tensor, TraceError, _current, attributes, current_batch
+from autobatch.frontends.tracing import Tracer, Parameter, Tensor, TraceError, _current, attributes, current_batch
 
 Operand = Tensor | Parameter | np.ndarray | float | int
 
 
-def _batch_of(*values: Any) -> Batch:
+def _batch_of(*values: Any) -> Tracer:
     """The batch the operands belong to, which must be the one being traced into, if any."""
     for value in values:
         if isinstance(value, Tensor):

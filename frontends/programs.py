@@ -1,7 +1,7 @@
 """Lockstep async programs: batching survives values needed mid-way.
 
-``run_programs(fn, inputs)`` runs ``fn(x)`` (an ``async def`` over traced tensors) for every
-input. Each program runs until it awaits a tensor or finishes; when all are waiting, the
+``run_in_lockstep(fn, inputs, batch)`` runs ``fn(x)`` (an ``async def`` over traced tensors)
+for every input (``autobatch.run_programs`` in a batch of its own). Each program runs until it awaits a tensor or finishes; when all are waiting, the
 pending graph of all of them is batched and run once, and each resumes with its value. A
 parser choosing its next transition, beam search and early exit all batch this way, where
 DyNet's ``.value()`` ends batching.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autobatch.frontends.tracing import Batch, Tensor
+from autobatch.frontends.tracing import Tensor, Tracer
 
 
 @dataclass
@@ -33,33 +33,31 @@ class ProgramsDidNotFinish(RuntimeError):
     """A program was still waiting after the round limit."""
 
 
-def run_programs(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], backend: str = "numpy",
-                 scheduler: str = "level", max_rounds: int = 10_000, threads: int = 0,
-                 batch: Batch | None = None) -> list[Any]:
-    """Results of ``fn(x)`` for each input, in order. A program that raises gets a
-    ``ProgramFailure`` in its place; the others complete. Pass ``batch`` to trace into a
-    batch of your own (and read its ``reports`` afterwards)."""
+def run_in_lockstep(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], batch: Tracer,
+                    max_rounds: int = 10_000) -> list[Any]:
+    """Results of ``fn(x)`` for each input, in order, traced into ``batch`` (whose
+    ``run_pending`` runs a round). A program that raises gets a ``ProgramFailure`` in its
+    place; the others complete."""
     results: list[Any] = [None] * len(inputs)
-    with batch if batch is not None else Batch(backend, scheduler, threads) as batch:
-        programs = {k: fn(x) for k, x in enumerate(inputs)}
-        awaited: dict[int, Tensor | None] = dict.fromkeys(programs)
-        for round_ in range(max_rounds + 1):
-            for k in list(awaited):
-                outcome = _advance(programs[k], awaited[k], k)
-                if isinstance(outcome, Tensor):
-                    awaited[k] = outcome
-                else:
-                    results[k] = outcome.value if isinstance(outcome, _Done) else outcome
-                    del awaited[k]
-            if not awaited:
-                break
-            if round_ == max_rounds:
-                for k in awaited:
-                    programs[k].close()
-                    error = ProgramsDidNotFinish(f"program {k} still waiting after {max_rounds} rounds")
-                    results[k] = ProgramFailure(k, error, "")
-                break
-            batch.run_pending()
+    programs = {k: fn(x) for k, x in enumerate(inputs)}
+    awaited: dict[int, Tensor | None] = dict.fromkeys(programs)
+    for round_ in range(max_rounds + 1):
+        for k in list(awaited):
+            outcome = _advance(programs[k], awaited[k], k)
+            if isinstance(outcome, Tensor):
+                awaited[k] = outcome
+            else:
+                results[k] = outcome.value if isinstance(outcome, _Done) else outcome
+                del awaited[k]
+        if not awaited:
+            break
+        if round_ == max_rounds:
+            for k in awaited:
+                programs[k].close()
+                error = ProgramsDidNotFinish(f"program {k} still waiting after {max_rounds} rounds")
+                results[k] = ProgramFailure(k, error, "")
+            break
+        batch.run_pending()
     return results
 
 

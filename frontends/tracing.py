@@ -1,5 +1,5 @@
 """Define-by-run tracing: ``Tensor`` values record ONNX ops into the pending graph of a
-``Batch``; nothing runs until a value is needed, and then everything pending is batched and
+``Tracer``; nothing runs until a value is needed, and then everything pending is batched and
 run at once (DyNet's lazy evaluation, with our batcher).
 
 Tracing appends one compact record a op; the IR graph is built in bulk only when the batch
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
-import time
 import weakref
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from onnx import AttributeProto, helper
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
+from autobatch.ir.records import FOLD_DOMAIN
 
 OPSET = {"": 18}
 
@@ -35,11 +35,11 @@ class TraceError(ValueError):
     """A traced op got inputs it cannot take (shapes, dtypes, a tensor of another batch)."""
 
 
-_current: contextvars.ContextVar[Batch] = contextvars.ContextVar("autobatch_batch")
+_current: contextvars.ContextVar[Tracer] = contextvars.ContextVar("autobatch_batch")
 
 
-def current_batch() -> Batch:
-    """The batch of the innermost ``with Batch()`` block."""
+def current_batch() -> Tracer:
+    """The batch of the innermost ``with Batch()`` block (any ``Tracer``)."""
     try:
         return _current.get()
     except LookupError:
@@ -62,7 +62,7 @@ class Tensor:
 
     __slots__ = ("batch", "name", "shape", "dtype", "value", "entry", "producer", "__weakref__")
 
-    def __init__(self, batch: Batch, name: str, shape: tuple[int, ...], dtype: np.dtype,
+    def __init__(self, batch: Tracer, name: str, shape: tuple[int, ...], dtype: np.dtype,
                  value: np.ndarray | None = None, entry: str | ValueType | None = None, producer: int = -1) -> None:
         self.batch = batch
         self.name = name
@@ -208,39 +208,24 @@ def _tensor_type(dtype: np.dtype, shape: tuple[int, ...]) -> ValueType:
     return ValueType.tensor(dtype, shape)
 
 
-class Batch:
-    """Traces many instances and runs them batched.
+class Tracer:
+    """Traces many instances into records; what runs them is its subclass's (``autobatch.Batch``:
+    planned, batched and run on a backend). Nothing runs until a value is needed, and then
+    everything pending runs at once (``run_pending``).
 
-    >>> with Batch() as batch:
+    >>> with autobatch.Batch() as batch:
     ...     losses = [model(example) for example in examples]   # traced, not run
     ...     values = batch.run(losses)                           # batched and run once
 
     A value is also computed when asked for (``tensor.numpy()``), and what is still pending
-    runs at the end of the block.
+    runs at the end of the block. A bare ``Tracer`` only records (a cell's body is traced by one).
     """
 
-    def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
-                 providers: Sequence[str] | None = None, flat: bool = True, reuse_calls: bool = True) -> None:
-        """``backend``: "numpy" or "onnxruntime"; ``scheduler``: "depth", "agenda" or "level".
-        ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
-        thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
-        NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
-        when it loads, else the CPU). ``flat``: plan straight from the trace records where the
-        batch allows (the fast path, ``autobatch.batcher.flat``; not on CUDA, where the batched
-        graph keeps values on the device); False always builds the IR graph and rewrites it.
-        ``reuse_calls``: a deterministic op (or cell) called again on the same tensors returns
+    def __init__(self, reuse_calls: bool = True) -> None:
+        """``reuse_calls``: a deterministic op (or cell) called again on the same tensors returns
         the outputs of its first call, traced and run once (common subexpressions, such as the
         first steps of character LSTMs over words that share a prefix, or a leaf's cell on a
         word and label seen before); ``reused_calls`` counts them."""
-        from autobatch.batcher import get_scheduler
-        from autobatch.session import flat_executor, make_runner_factory
-
-        get_scheduler(scheduler)  # an unknown name fails here, not at the first run
-        self.backend = backend
-        self.scheduler = scheduler
-        self._make_runner = make_runner_factory(backend, threads, providers)
-        self._flat = flat_executor(backend, threads, providers) if flat else None
-        self.general_path_reason: str | None = None  # why the last run did not take the flat path
         self._records: list[_Record] = []
         self._pending: list[weakref.ref[Tensor]] = []  # outputs of records, alive while someone holds them
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
@@ -255,8 +240,6 @@ class Batch:
         self.folds_lookups = True  # False while tracing a cell: its body reads parameters, never copies of them
         self._names = itertools.count()
         self._instance = 0
-        self.reports: list[Any] = []  # one BatchReport for every time the batch ran
-        self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
         self.cell_parameters: dict[str, list[str]] = {}  # cell function -> its parameters' values here
         self.cell_calls: dict[tuple, PreparedCall] = {}  # (cell, operand entries) -> what its calls record
@@ -265,7 +248,7 @@ class Batch:
         self._calls: dict[tuple, int] = {}  # a pending deterministic call (its op and operands) -> its record
 
     # ------------------------------------------------------------------ context
-    def __enter__(self) -> Batch:
+    def __enter__(self) -> Tracer:
         """Trace into this batch. Python's cyclic garbage collector is paused inside the block
         (reference counting still frees what tracing drops): tracing allocates many small
         long-lived objects, and collections over the heap they build made tracing up to five
@@ -468,12 +451,9 @@ class Batch:
         if not wanted:
             self._forget()
             return
-        names = [t.name for t in wanted]
         try:
             with gc_paused():
-                values = self._run_flat([t.producer for t in wanted], names) if self._flat is not None else None
-                if values is None:
-                    values = self._run_graph(*self.records_for(names), names)
+                values = self._execute(wanted)
         except Exception:
             self.discard()
             raise
@@ -481,37 +461,9 @@ class Batch:
             tensor.value = value
         self._forget()  # every pending tensor still held now has its value
 
-    def _run_flat(self, producers: list[int], names: list[str]) -> list[np.ndarray] | None:
-        """Values of ``names`` (made by the records at ``producers``) by the flat path, or None
-        (and the reason kept) where it does not apply."""
-        from autobatch.batcher.flat import NotFlat, plan_records
-
-        try:
-            plan = plan_records(self._records, names, producers, self._weights, self._literals, self.functions,
-                                self._opsets(), self.scheduler)
-        except NotFlat as why:
-            self.general_path_reason = str(why)
-            return None
-        self.general_path_reason = None
-        arenas = self._flat.run(plan, self._weights, self._literals, plan.report.execution)
-        self.reports.append(plan.report)
-        self.last_plan = plan
-        return [arenas[arena][row, ...] for arena, row in map(plan.locations.__getitem__, names)]  # views, 0-d too
-
-    def _run_graph(self, records: list[_Record], needed: set[str], names: list[str]) -> list[np.ndarray]:
-        from autobatch.batcher import BatchingPass
-
-        start = time.perf_counter()
-        graph = self._graph(records, needed, names)
-        built = time.perf_counter() - start
-        result = BatchingPass(self.scheduler, as_rows=True)(graph)
-        result.report.seconds["build"] = built  # the IR graph of the records, as a session reports it
-        outputs = list(result.graph.outputs)
-        values = dict(zip(outputs, self._make_runner(result.graph).run({}, outputs)))
-        self.reports.append(result.report)
-        self.last_plan = result
-        located = (result.locations[name] for name in names)
-        return [values[source] if row is None else values[source][row, ...] for source, row in located]  # views
+    def _execute(self, wanted: list[Tensor]) -> list[np.ndarray]:
+        """The values of the pending tensors ``wanted``: what a subclass that runs provides."""
+        raise TraceError("this tracer only records; trace inside `with autobatch.Batch() as batch:` to run")
 
     def _opsets(self) -> dict[str, int]:
         return {**OPSET, **{domain: 1 for domain, _ in self.functions}}
@@ -528,13 +480,12 @@ class Batch:
         records.reverse()
         return records, needed
 
-    def _graph(self, records: list[_Record], needed: set[str], wanted: list[str]) -> Graph:
-        """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk."""
-        from autobatch.batcher.folds import FOLD_DOMAIN
-
+    def _graph(self, records: list[_Record], needed: set[str], wanted: list[str], why: str | None = None) -> Graph:
+        """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk; ``why``:
+        why the flat path did not take them (a fold needs it)."""
         if any(record.domain == FOLD_DOMAIN for record in records):
-            why = f" (it does not take this batch: {self.general_path_reason})" if self.general_path_reason else ""
-            raise TraceError(f"a tree fold (fold_tree) runs on the flat path only{why}; Batch(flat=False) and CUDA "
+            reason = f" (it does not take this batch: {why})" if why else ""
+            raise TraceError(f"a tree fold (fold_tree) runs on the flat path only{reason}; Batch(flat=False) and CUDA "
                              "take the general path")
         graph = Graph("batch", self._opsets())
         graph.functions = dict(self.functions)

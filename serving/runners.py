@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from autobatch.backends import FeedError
-from autobatch.frontends import ProgramFailure, run_programs
+from autobatch.batch import run_programs
+from autobatch.frontends import ProgramFailure
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.serving.protocol import datatype_of
 from autobatch.session import InferenceSession

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime
 import pytest
 
-from autobatch.backends import Interpreter
+from autobatch.backends import Interpreter, evaluate
 from autobatch.batcher import BatchingPass
 from autobatch.examples.loop_rnn import rnn_text
 from autobatch.frontends.onnx_control_flow import unroll_instance
@@ -46,7 +46,7 @@ def check_alone(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], interpr
                 **options) -> Graph:
     """Unroll for these feeds; the result alone, run by onnxruntime (as exported ONNX) and by the
     NumPy interpreter, must equal onnxruntime on the original."""
-    unrolled = unroll_instance(from_onnx(model), feeds, **options)
+    unrolled = unroll_instance(from_onnx(model), feeds, evaluate, **options)
     want = onnxruntime_outputs(model, feeds)
     runs = [onnxruntime_outputs(to_onnx(unrolled), feeds)] + ([Interpreter(unrolled).run(feeds)] if interpreter else [])
     for got in runs:
@@ -58,7 +58,7 @@ def check_alone(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], interpr
 def run_batched(model: onnx.ModelProto, instances: list[dict[str, np.ndarray]], **options):
     """Unroll each instance, unite, batch, run; check every instance against onnxruntime."""
     graph = from_onnx(model)
-    union = Graph.union([unroll_instance(graph, feeds, **options) for feeds in instances])
+    union = Graph.union([unroll_instance(graph, feeds, evaluate, **options) for feeds in instances])
     result = BatchingPass("level")(union)
     feeds = {f"i{k}/{name}": value for k, inst in enumerate(instances) for name, value in inst.items()}
     outputs = dict(zip(result.graph.outputs, Interpreter(result.graph).run(feeds)))
@@ -189,7 +189,7 @@ def test_unresolved_control_flow_stays_opaque_and_correct():
 
 def test_node_budget_error_names_the_loop():
     with pytest.raises(ValueError, match=r"Loop 'h_last'.*max_unrolled_nodes=20"):
-        unroll_instance(from_onnx(parse(RNN, W=W, U=U)), rnn_instance(10), max_unrolled_nodes=20)
+        unroll_instance(from_onnx(parse(RNN, W=W, U=U)), rnn_instance(10), evaluate, max_unrolled_nodes=20)
 
 
 # A Loop whose body holds an If on the iteration number: even steps add x_t, odd steps subtract it.
