@@ -20,7 +20,7 @@ from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, new_session, session_options
 from autobatch.batcher import BatchingPass, build_problem, get_scheduler
 from autobatch.batcher.problem import UNBATCHABLE
-from autobatch.batcher.rewrite import has_rule
+from autobatch.batcher.rewrite import refusal
 from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
@@ -92,7 +92,7 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
 
 def plan_view(graph: Graph, scheduler: str) -> PlanView:
     """What a picture shows of the plan of ``graph`` (signature classes, launches in order)."""
-    problem = build_problem(graph, lambda node: has_rule(graph, node))
+    problem = build_problem(graph, refusal=lambda node: refusal(graph, node))
     classes = {node_id: int(cls) for node_id, cls in zip(problem.node_ids, problem.sig.tolist()) if cls != UNBATCHABLE}
     launches = [[problem.node_ids[i] for i in group] for group in get_scheduler(scheduler)(problem)]
     return PlanView(classes, launches)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autobatch.batcher.problem import UNBATCHABLE, build_problem
-from autobatch.batcher.rewrite import Rewriter, has_rule
+from autobatch.batcher.rewrite import Rewriter, refusal
 from autobatch.batcher.schedulers import get_scheduler
 from autobatch.ir import Graph
 from autobatch.ir.gc_pause import without_gc
@@ -29,6 +29,7 @@ class BatchReport:
     merged_duplicates: int
     seconds: dict[str, float] = field(default_factory=dict)  # batching: analyse, schedule, plan/rewrite
     execution: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
+    alone: dict[str, int] = field(default_factory=dict)  # "op: why" -> nodes run one at a time
 
     @property
     def lower_bound(self) -> int:
@@ -42,10 +43,11 @@ class BatchReport:
 
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in {**self.seconds, **self.execution}.items())
+        why = ", ".join(f"{n} x {reason}" for reason, n in sorted(self.alone.items(), key=lambda item: -item[1])[:3])
         return (
             f"{self.nodes} nodes -> {self.launches} launches ({self.scheduler}); lower bound "
-            f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time "
-            f"(no rule, or random); {self.gathers} gathers, {self.gathers_avoided} avoided; "
+            f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time"
+            f"{f' ({why})' if why else ''}; {self.gathers} gathers, {self.gathers_avoided} avoided; "
             f"{self.merged_duplicates} duplicates merged" + (f"; {timing}" if timing else "")
         )
 
@@ -78,7 +80,7 @@ class BatchingPass:
         start = time.perf_counter()
         if any(graph.values[o].type is None for n in graph.nodes.values() for o in n.outputs if o):
             graph.infer_shapes()
-        problem = build_problem(graph, lambda node: has_rule(graph, node))
+        problem = build_problem(graph, refusal=lambda node: refusal(graph, node))
         seconds["analyse"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -97,6 +99,6 @@ class BatchingPass:
         report = BatchReport(
             self.scheduler_name, problem.size, len(schedule), problem.deferred_lower_bound(),
             int((problem.sig == UNBATCHABLE).sum()), stats.gathers, stats.gathers_avoided,
-            stats.merged_duplicates, seconds,
+            stats.merged_duplicates, seconds, alone=dict(problem.alone),
         )
         return PassResult(batched, len(schedule) < problem.size, report, locations)

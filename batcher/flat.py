@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,8 @@ from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
-from autobatch.batcher.rewrite import MIN_STACKING_OPSET, GraphEmitter
-from autobatch.batcher.rules import Operand
+from autobatch.batcher.rewrite import EMPTY, MIN_STACKING_OPSET, RANDOM, GraphEmitter
+from autobatch.batcher.rules import Operand, Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks
 from autobatch.batcher.signature import attributes_key
@@ -89,6 +90,7 @@ class Template:
     fed: list[int]
     once: bool
     solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
+    reason: str = ""  # why a solo template's class runs one member at a time
     ragged: bool = False  # the op itself on every member's rows concatenated (``batcher.ragged``)
     # A recurrent layer over chunks of padded sequences (``batcher.sequences``): the ONNX index
     # of each output the template gives.
@@ -215,10 +217,12 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked, or pieces
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
-    alone = int(np.count_nonzero(problem.sig == UNBATCHABLE))
-    report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), alone, gathers,
-                         views, merged,
-                         {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled})
+    reasons = Counter(f"{record.op_type}: {planner.templates[cls].reason}" for record, cls
+                      in zip(records, planner.record_class) if getattr(planner.templates[cls], "solo", False))
+    report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), sum(reasons.values()),
+                         gathers, views, merged,
+                         {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
+                         alone=dict(reasons))
     return FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
 
 
@@ -305,11 +309,12 @@ class _Planner:
         ragged = ragged_signature(record, self.weights, self.opsets.get("", 1), attributes)
         return signature, _MERGED_OR_NOT if ragged is not None else self._own_template(record), ragged
 
-    def _own_template(self, record: TraceRecord) -> Template | str | None:
+    def _own_template(self, record: TraceRecord) -> Template | str:
         """The template of a record's own class: its rule's, else the op for one member at a time."""
         if is_nondeterministic(record.op_type, record.domain, self.functions, record.inputs):  # every run draws anew
-            return self._template(record, None, solo=True)
-        return self._template(record, None) or self._template(record, None, solo=True)
+            return self._template(record, None, solo=RANDOM)  # type: ignore[return-value]
+        built = self._template(record, None)
+        return self._template(record, None, solo=built.reason) if isinstance(built, Refusal) else built  # type: ignore
 
     def _merge_ragged(self) -> np.ndarray:
         """Classes that differ only in the length of their rows, of a row-wise op, become one
@@ -421,17 +426,17 @@ class _Planner:
         return index
 
     # ------------------------------------------------------------------ templates
-    def _template(self, record: TraceRecord, size: int | None, solo: bool = False) -> Template | str | None:
-        """The class's template from the cache, built on a miss; None when no rule batches it
-        (then a ``solo`` template runs the op for one member at a time). ``size`` is asked for
-        only once a rule has shown that it reads N."""
+    def _template(self, record: TraceRecord, size: int | None, solo: str | None = None) -> Template | Refusal | str:
+        """The class's template from the cache, built on a miss; a ``Refusal`` when no rule
+        batches it (then a ``solo`` template, given the refusal's reason, runs the op for one
+        member at a time). ``size`` is asked for only once a rule has shown that it reads N."""
         specs, baked = self._operand_specs(record)
         function = self.functions.get((record.domain, record.op_type)) if record.domain else None
         if function is not None:
             _keyed_functions[id(function)] = function
         version = self.opsets.get(record.domain, 1)
         base = (record.domain, record.op_type, version, self._attributes_key(record.attributes), id(function), specs,
-                tuple(map(bool, record.outputs)), solo)
+                tuple(map(bool, record.outputs)), solo is not None)
         per_size = _templates.get(base) == _PER_SIZE
         if per_size and size is None:
             return _PER_SIZE  # resolved per step
@@ -440,8 +445,8 @@ class _Planner:
             return _templates[key]
         node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
                     list(record.outputs), 0, "")
-        if solo:
-            built, reads_size = _build_solo(node, specs, baked, self.functions, self.opsets), False
+        if solo is not None:
+            built, reads_size = _build_solo(node, specs, baked, self.functions, self.opsets, solo), False
         else:
             built, reads_size = _build_template(node, specs, baked, [t.shape if t else () for t in record.types],
                                                 self.functions, self.opsets, size or 2)
@@ -805,26 +810,24 @@ class _SizeWatchingEmitter(GraphEmitter):
 
 
 def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_shapes: list[tuple],
-                    functions: Functions, opsets: Mapping[str, int], size: int) -> tuple[Template | None, bool]:
-    """(template or None when no rule takes the class, whether the rule read N)."""
+                    functions: Functions, opsets: Mapping[str, int], size: int) -> tuple[Template | Refusal, bool]:
+    """(the template, or why no rule takes the class; whether the rule read N)."""
     graph = Graph(f"template_{node.op_type}", opsets)
     graph.functions = dict(functions)
     operands = _template_inputs(graph, specs, baked, batched=True)
     stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
     if any(0 in operands[i].shape for i in stacked) or any(0 in shape for shape in out_shapes):
-        return None, False  # a 0 in a Reshape's shape copies a dimension: empty values are not stacked
+        return Refusal(EMPTY), False  # a 0 in a Reshape's shape copies a dimension
     emit = _SizeWatchingEmitter(graph, size)
-    results: list[str] | None
+    results: list[str] | Refusal
     if not stacked:  # duplicates: the op once, on the shared operands
         results = _op_itself(graph, node, operands)
     else:
         rule = rule_for(node, functions)
-        try:
-            results = None if rule is None else rule(emit, node, operands, out_shapes)
-        except (ValueError, TypeError, IndexError, KeyError, AssertionError):
-            results = None
-        if results is None:
-            return None, emit.read_size
+        results = rule(emit, node, operands, out_shapes) if rule is not None else \
+            Refusal(f"no batching rule for {node.qualified_op}")
+        if isinstance(results, Refusal):
+            return results, emit.read_size
     _add_outputs(graph, node, results)
     if all(not n.domain for n in graph.nodes.values()):
         graph.functions = {}  # the rule expanded every call: a backend needs no function
@@ -832,15 +835,16 @@ def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_
 
 
 def _build_solo(node: Node, specs: tuple, baked: dict[int, np.ndarray], functions: Functions,
-                opsets: Mapping[str, int]) -> Template:
-    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape)."""
+                opsets: Mapping[str, int], reason: str = "") -> Template:
+    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape);
+    ``reason``: why the class runs one member at a time."""
     graph = Graph(f"solo_{node.op_type}", opsets)
     if node.domain:
         graph.functions = dict(functions)
     operands = _template_inputs(graph, specs, baked, batched=False)
     _add_outputs(graph, node, _op_itself(graph, node, operands))
     stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
-    return Template(graph, stacked, _fed(specs), once=True, solo=True)
+    return Template(graph, stacked, _fed(specs), once=True, solo=True, reason=reason)
 
 
 def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], batched: bool) -> list[Operand | None]:

@@ -3,7 +3,7 @@
 Each body op is batched with its own rule, operands stacked where the body's values are per
 instance and shared where they come only from shared inputs (the cell's parameters), so a
 group of N calls becomes the body run once over N rows. A body op without a rule makes the
-whole call unbatchable (the calls then run one by one, correctly).
+whole call unbatchable (the calls then run one by one, correctly), with that op's reason.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from onnx import FunctionProto
 
 from autobatch.batcher.constants import constant_value
-from autobatch.batcher.rules import RULES, Emitter, Operand, Rule, Shape
+from autobatch.batcher.rules import RULES, Emitter, Operand, Refusal, Rule, Shape, refuse
 from autobatch.ir import Node, ValueType
 
 Functions = Mapping[tuple[str, str], FunctionProto]
@@ -41,31 +41,33 @@ class FunctionRule:
         ]
         self.shapes: dict[str, Shape | None] = {info.name: ValueType(info.type).shape for info in function.value_info}
 
-    def __call__(self, e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+    def __call__(self, e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
         env: dict[str, Operand | None] = dict(zip(self.function.input, ins))
         for body_node in self.body:
             results = self._batch(e, body_node, [env.get(n) if n else None for n in body_node.inputs])
-            if results is None:
-                return None
+            if isinstance(results, Refusal):
+                return refuse(f"its {body_node.op_type}: {results.reason}")
             env.update(zip(body_node.outputs, results))
         final = [env.get(name) for name in self.function.output]
         if any(o is None or not o.stacked for o in final):
-            return None  # an output that is the same for every call would need broadcasting
+            return refuse("an output the same for every call (it would need broadcasting)")
         return [o.name for o in final]
 
-    def _batch(self, e: Emitter, node: Node, operands: list[Operand | None]) -> list[Operand] | None:
+    def _batch(self, e: Emitter, node: Node, operands: list[Operand | None]) -> list[Operand] | Refusal:
         shapes = [self.shapes.get(o) for o in node.outputs]
         if node.op_type == "Constant" and not node.domain:
             value = constant_value(node)
-            return None if value is None else [Operand(e.const(value), False, value.shape, value)]
+            return refuse("a sparse constant") if value is None else [Operand(e.const(value), False, value.shape, value)]
         if not any(o is not None and o.stacked for o in operands):  # only shared inputs: run once
             names = e.op(node.op_type, [o.name if o else "" for o in operands], node.attributes, len(node.outputs))
             return [Operand(n, False, s or ()) for n, s in zip(names, shapes)]
         rule = rule_for(node, self.functions)
-        if rule is None or any(s is None for s in shapes):
-            return None
+        if rule is None:
+            return refuse(f"no batching rule for {node.qualified_op}")
+        if any(s is None for s in shapes):
+            return refuse("an output without a static shape")
         results = rule(e, node, operands, [tuple(s) for s in shapes])  # type: ignore[arg-type]
-        if results is None:
-            return None
+        if isinstance(results, Refusal):
+            return results
         return [Operand(n, True, tuple(s)) for n, s in zip(results, shapes)]  # type: ignore[arg-type]
 

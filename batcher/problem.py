@@ -7,6 +7,7 @@ so their per-node work stays in plain Python lists and NumPy.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ class Problem:
     succs: list[list[int]]
     depth: np.ndarray
     classes: list[Signature] = field(default_factory=list)
+    alone: Counter[str] = field(default_factory=Counter)  # "op: why" -> nodes that run one at a time
     _level: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -69,22 +71,31 @@ def _lower_bound(sig: np.ndarray, level: np.ndarray, classes: int) -> int:
     return unbatchable + int(per_class.sum())
 
 
-def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = None) -> Problem:
+def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = None,
+                  refusal: Callable[[Node], str | None] | None = None) -> Problem:
     """``class_check`` is asked once per signature class, on its first node, whether the class
-    can batch at all (an op without a rule cannot); a vetoed class is unbatchable."""
+    can batch at all (an op without a rule cannot); a vetoed class is unbatchable. ``refusal``
+    instead says why a class cannot (None: it can), and the problem counts the reasons."""
     order = [node.id for node in graph.topological_order()]
     index = {node_id: i for i, node_id in enumerate(order)}
     class_of: dict[Signature, int] = {}
-    vetoed: set[Signature] = set()
+    vetoed: dict[Signature, str] = {}
+    alone: Counter[str] = Counter()
     sig = np.full(len(order), UNBATCHABLE, dtype=np.int64)
     shared = shared_values(graph)
     for i, node_id in enumerate(order):
         node = graph.nodes[node_id]
         signature = node_signature(graph, node, shared)
-        if signature is None or signature in vetoed:
+        if signature is None:
+            alone[f"{node.qualified_op}: types not static"] += 1
             continue
-        if signature not in class_of and class_check is not None and not class_check(node):
-            vetoed.add(signature)
+        if signature not in class_of and signature not in vetoed:
+            why = refusal(node) if refusal is not None else None if class_check is None or class_check(node) else \
+                "vetoed"
+            if why is not None:
+                vetoed[signature] = why
+        if signature in vetoed:
+            alone[f"{node.qualified_op}: {vetoed[signature]}"] += 1
             continue
         sig[i] = class_of.setdefault(signature, len(class_of))
     preds = [  # dependencies from the value index: no networkx needed
@@ -92,7 +103,9 @@ def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = Non
                 if source is not None})
         for node_id in order
     ]
-    return problem_from(order, sig, preds, list(class_of))
+    problem = problem_from(order, sig, preds, list(class_of))
+    problem.alone = alone
+    return problem
 
 
 def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], classes: list[Signature]) -> Problem:

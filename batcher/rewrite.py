@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from autobatch.batcher.functions import rule_for
-from autobatch.batcher.rules import Operand, Shape
+from autobatch.batcher.rules import Operand, Refusal, Shape
 from autobatch.batcher.signature import is_shared, sum_of_terms
 from autobatch.ir import Graph, Node, ValueType, captured_names, is_nondeterministic
 
@@ -30,6 +30,8 @@ def is_data_movement(node: Node) -> bool:
 
 # Stacking reshapes values by a shape *input*, which Reshape takes from opset 5 on.
 MIN_STACKING_OPSET = 5
+RANDOM = "draws random numbers anew each run"
+EMPTY = "values without elements are not stacked"
 
 
 class GraphEmitter:
@@ -103,25 +105,30 @@ def output_shapes(graph: Graph, node: Node) -> list[Shape]:
 
 def has_rule(graph: Graph, node: Node) -> bool:
     """Whether the op's rule batches this node's signature class (decided on a dry run)."""
+    return refusal(graph, node) is None
+
+
+def refusal(graph: Graph, node: Node) -> str | None:
+    """Why this node's signature class runs one member at a time (None: its rule batches it)."""
     if is_nondeterministic(node.op_type, node.domain, graph.functions, node.inputs):
-        return False
+        return RANDOM
     if sum_of_terms(graph, node):
-        return True
+        return None
     if not all(_is_tensor(graph, name) for name in [*node.inputs, *node.outputs] if name):
-        return False  # sequences and optionals are Python lists and None: no stacking them
+        return "sequences and optionals are not stacked"  # they are Python lists and None
     ins = operands(graph, node)
     if not any(o is not None and o.stacked for o in ins):
-        return True  # identical inputs: one run serves every member
+        return None  # identical inputs: one run serves every member
     rule = rule_for(node, graph.functions)
-    if rule is None or graph.opset_imports.get("", 1) < MIN_STACKING_OPSET:
-        return False
+    if rule is None:
+        return f"no batching rule for {node.qualified_op}"
+    if graph.opset_imports.get("", 1) < MIN_STACKING_OPSET:
+        return f"opset {graph.opset_imports.get('', 1)} has no Reshape by a shape input"
     outs = output_shapes(graph, node)
     if any(0 in o.shape for o in ins if o is not None and o.stacked) or any(0 in shape for shape in outs):
-        return False  # a 0 in a Reshape's shape copies a dimension: empty values are not stacked
-    try:
-        return rule(DryEmitter(), node, ins, outs) is not None
-    except (ValueError, TypeError, IndexError, KeyError, AssertionError):
-        return False
+        return EMPTY  # a 0 in a Reshape's shape copies a dimension
+    result = rule(DryEmitter(), node, ins, outs)
+    return result.reason if isinstance(result, Refusal) else None
 
 
 def _is_tensor(graph: Graph, name: str) -> bool:
@@ -284,7 +291,7 @@ class Rewriter:
         rule = rule_for(first, self.graph.functions)
         assert rule is not None, f"{first} was scheduled as batchable without a rule"
         results = rule(self.emit, first, operands(self.graph, first, stacked), output_shapes(self.graph, first))
-        assert results is not None, f"rule for {first} changed its mind after its dry run"
+        assert not isinstance(results, Refusal), f"rule for {first} changed its mind after its dry run"
         n = len(members)
         for k, output in enumerate(first.outputs):
             if output:

@@ -3,8 +3,9 @@ signature run as one op over operands stacked along a new leading batch axis.
 
 A rule reads the representative node and its operands and emits ONNX ops through an
 ``Emitter``; it returns the names of the batched outputs (each ``[N, *per-instance shape]``),
-or None, before emitting anything, when it cannot batch this case (the nodes then run one by
-one, correctly). Rules are first run on a dry emitter, once per signature class, to decide
+or a ``Refusal`` naming why, before emitting anything, when it cannot batch this case (the
+nodes then run one by one, correctly, and the report counts why). A rule that raises has a bug:
+nothing catches it. Rules are first run on a dry emitter, once per signature class, to decide
 batchability at planning time.
 """
 
@@ -46,7 +47,22 @@ class Emitter(Protocol):
            n_outputs: int = 1) -> list[str]: ...
 
 
-Rule = Callable[[Emitter, Node, list[Operand | None], list[Shape]], list[str] | None]
+@dataclass(frozen=True)
+class Refusal:
+    """Why a rule does not batch a class (its nodes then run one member at a time): a rule
+    returns one, before emitting anything, in the style of onnxscript's ``MatchResult.fail``."""
+
+    reason: str
+
+    def __bool__(self) -> bool:  # a refusal is no result
+        return False
+
+
+def refuse(reason: str) -> Refusal:
+    return Refusal(reason)
+
+
+Rule = Callable[[Emitter, Node, list[Operand | None], list[Shape]], "list[str] | Refusal"]
 RULES: dict[str, Rule] = {}
 
 
@@ -88,9 +104,9 @@ FIRST_BROADCASTING_VERSION = 7  # before opset 7, binary ops broadcast by an axi
 
 
 @rule(*UNARY, *BROADCASTING)
-def elementwise(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def elementwise(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     if node.op_type in BROADCASTING and node.version < FIRST_BROADCASTING_VERSION:
-        return None
+        return refuse(f"{node.op_type}-{node.version} broadcasts by an axis attribute")
     if node.op_type == "CastLike" and not ins[0].stacked:  # type: ignore[union-attr]
         # The result has the shape of the (shared) value cast, whatever the target: one for all.
         cast = e.op("CastLike", [ins[0].name, ins[1].name])[0]  # type: ignore[union-attr]
@@ -108,15 +124,15 @@ def elementwise(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Sh
 
 
 @rule("Clip")
-def clip(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def clip(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     if any(o is not None and o.stacked for o in ins[1:]):
-        return None  # min and max must stay scalars
+        return refuse("min and max of each instance's own (they must stay scalars)")
     return e.op("Clip", [o.name if o else "" for o in ins], node.attributes)
 
 
 # ----------------------------------------------------------------------------- matmul-like
 @rule("MatMul")
-def matmul(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def matmul(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     a, b = ins
     assert a is not None and b is not None
     # A stacked vector is a batch of rows only when the other side is a shared matrix or vector;
@@ -139,14 +155,14 @@ def matmul(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
 
 
 @rule("Gemm")
-def gemm(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def gemm(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     """Stacked rows times a shared weight: one GEMM over all N*M rows."""
     a, b, *rest = ins
     c = rest[0] if rest else None
     if a is None or b is None or not a.stacked or b.stacked or (c is not None and c.stacked):
-        return None
+        return refuse("A of each instance's own by a shared B and C is what batches")
     if node.attr("transA", 0) or (c is not None and c.rank == 2 and c.shape[0] != 1 and a.shape[0] != 1):
-        return None  # a per-row bias must not be broadcast over other instances' rows
+        return refuse("transA, or a bias of a row each (it would be broadcast over other instances' rows)")
     rows = e.op("Reshape", [a.name, e.const(np.array([-1, a.shape[1]], dtype=np.int64))])[0]
     product = e.op("Gemm", [rows, b.name] + ([c.name] if c is not None else []), node.attributes)[0]
     return [e.op("Reshape", [product, e.const(np.array([-1, *outs[0]], dtype=np.int64))])[0]]
@@ -162,25 +178,25 @@ def _default_axis(node: Node) -> int:
 
 
 @rule("Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "Concat", "Split", "LpNormalization")
-def axis_shifted(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def axis_shifted(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     """Ops over one axis: the same op one axis further right. (Softmax before opset 13 coerces
     to 2-D at its axis; the batch axis joins the outer part, so the shift holds there too.)"""
     data = [o for o in ins if o is not None]
     if node.op_type == "Concat":
         return _concat(e, node, data)
     if not data[0].stacked or any(o.stacked for o in data[1:] if node.op_type == "Split"):
-        return None
+        return refuse("the data is shared, or the split sizes are each instance's own")
     axis = node.attr("axis", _default_axis(node))
     attributes = dict(node.attributes)
     attributes["axis"] = _shift([axis], data[0].rank)[0]
     return e.op(node.op_type, [o.name if o else "" for o in ins], attributes, len(node.outputs))
 
 
-def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | None:
+def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | Refusal:
     """Concat one axis further right; a shared part (a padding vector, a bias row) is
     broadcast to every instance first."""
     if not any(o.stacked for o in parts):
-        return None
+        return refuse("every part is shared")
     names = []
     stacked = next(part.name for part in parts if part.stacked)
     for part in parts:
@@ -207,7 +223,7 @@ def _batch_size(e: Emitter, stacked: str, scalar: bool = False) -> str:
 
 
 @rule("Gather")
-def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data, indices = ins
     assert data is not None and indices is not None
     axis = node.attr("axis", 0)
@@ -229,7 +245,7 @@ def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
         else:
             offsets = e.const((np.arange(e.batch_size, dtype=np.int64) * length).reshape((-1,) + (1,) * indices.rank))
         return e.op("Gather", [flat, e.op("Add", [wrapped, offsets])[0]], {"axis": 0})
-    return None
+    return refuse("indices of each instance's own along an axis other than 0")
 
 
 REDUCTIONS = (
@@ -243,16 +259,16 @@ def _axes_are_input(node: Node) -> bool:
 
 
 @rule(*REDUCTIONS)
-def reduction(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def reduction(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data = ins[0]
     assert data is not None
     if not data.stacked:
-        return None
+        return refuse("the data is shared")
     axes_input = ins[1] if len(ins) > 1 else None
     if _axes_are_input(node):
         axes = _int_list(axes_input)
         if axes_input is not None and axes is None:
-            return None  # axes computed per instance
+            return refuse("axes computed by each instance")
     else:
         axes = node.attr("axes")
     attributes = dict(node.attributes)
@@ -269,16 +285,16 @@ def reduction(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shap
 
 # ----------------------------------------------------------------------------- data movement
 @rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
-def pure_reshape(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def pure_reshape(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     """Every per-instance shape is static, so these are all one Reshape to the known shape."""
     data = ins[0]
     if data is None or not data.stacked or any(o is not None and o.stacked for o in ins[1:]):
-        return None
+        return refuse("the data is shared, or the shape or axes are each instance's own")
     return [reshape(e, data.name, outs[0])]
 
 
 @rule("Transpose")
-def transpose(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def transpose(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data = ins[0]
     assert data is not None
     perm = node.attr("perm") or list(reversed(range(data.rank)))
@@ -286,7 +302,7 @@ def transpose(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shap
 
 
 @rule("Slice")
-def slice_(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def slice_(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data = ins[0]
     assert data is not None
     if node.version < 10:
@@ -296,7 +312,7 @@ def slice_(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
     params = [_int_list(o) if o is not None else None for o in ins[1:]]
     present = [o for o in ins[1:] if o is not None]
     if any(p is None for p, o in zip(params, ins[1:]) if o is not None) or any(o.stacked for o in present):
-        return None
+        return refuse("starts, ends, axes or steps computed by each instance")
     starts = params[0]
     axes = params[2] if len(params) > 2 and params[2] is not None else list(range(len(starts)))
     args = [data.name, ins[1].name, ins[2].name, e.const(np.array(_shift(axes, data.rank), dtype=np.int64))]
@@ -306,36 +322,36 @@ def slice_(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
 
 
 @rule("Expand")
-def expand(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def expand(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data, shape = ins
     if data is None or shape is None or not data.stacked or shape.stacked:
-        return None
+        return refuse("the data is shared, or the shape each instance's own")
     rank = len(outs[0])
     aligned = reshape(e, data.name, (1,) * (rank - data.rank) + data.shape) if data.rank < rank else data.name
     return e.op("Expand", [aligned, e.const(np.array([1, *outs[0]], dtype=np.int64))])
 
 
 @rule("Tile")
-def tile(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def tile(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data, repeats = ins
     values = _int_list(repeats)
     if data is None or not data.stacked or values is None:
-        return None
+        return refuse("the data is shared, or the repeats are not known constants")
     return e.op("Tile", [data.name, e.const(np.array([1, *values], dtype=np.int64))])
 
 
 # ----------------------------------------------------------------------------- recurrent layers
 @rule("LSTM", "GRU", "RNN")
-def recurrent(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def recurrent(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     """Instances become more sequences of one layer call: their batch axes are merged."""
     padded = ins + [None] * (8 - len(ins))
     x, w, r, bias, seq_lens = padded[:5]
     states = padded[5:7] if node.op_type == "LSTM" else padded[5:6]
     peephole = padded[7] if node.op_type == "LSTM" else None
     if x is None or not x.stacked or any(o is not None and o.stacked for o in (w, r, bias, peephole)):
-        return None
+        return refuse("weights of each instance's own, or a shared X")
     if any(s is not None and not s.stacked for s in states) or (seq_lens is not None and not seq_lens.stacked):
-        return None  # a shared state or length would need a copy per instance
+        return refuse("a shared initial state or sequence length (it would need a copy per instance)")
     layout = node.attr("layout", 0)
     seq, batch, width = x.shape if layout == 0 else (x.shape[1], x.shape[0], x.shape[2])
     n_dirs = 2 if node.attr("direction", "forward") == "bidirectional" else 1
@@ -382,16 +398,16 @@ PER_SAMPLE = (
 
 
 @rule(*PER_SAMPLE)
-def per_sample(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | None:
+def per_sample(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     """Ops that treat each sample of their leading (N) axis alone, with shared weights: the
     instances' samples are merged into that axis, the op runs once, and is split back."""
     data = ins[0]
     if data is None or not data.stacked or data.rank < 3 or any(o is not None and o.stacked for o in ins[1:]):
-        return None
+        return refuse("shared data, data of rank under 3, or weights of each instance's own")
     if len([o for o in node.outputs if o]) != 1:
-        return None  # MaxPool's indices and BatchNormalization's training outputs count across samples
+        return refuse("a second output (MaxPool's indices, BatchNormalization's statistics) counts across samples")
     if node.op_type == "BatchNormalization" and (node.attr("training_mode", 0) or node.version < 7):
-        return None  # batch statistics would mix the instances
+        return refuse("batch statistics in training mode would mix the instances")
     merged = e.op("Reshape", [data.name, e.const(np.array([-1, *data.shape[1:]], dtype=np.int64))])[0]
     result = e.op(node.op_type, [merged] + [o.name if o else "" for o in ins[1:]], node.attributes,
                   len(node.outputs))[0]

@@ -16,7 +16,7 @@ import numpy as np
 from autobatch import arguments
 from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem
 from autobatch.batcher.problem import problem_from
-from autobatch.batcher.rewrite import has_rule
+from autobatch.batcher.rewrite import refusal
 from autobatch.ir import Graph
 from benchmarks.models import bilstm_workload, traced_graph, tree_lstm_workload
 
@@ -36,7 +36,7 @@ def scheduler_cost(target_nodes: int) -> None:
     union = traced_graph(tree_lstm_workload(int(target_nodes / per_tree * 1.1)))
     n = len(union)
     start = time.perf_counter()
-    problem = build_problem(union, lambda node: has_rule(union, node))
+    problem = build_problem(union, refusal=lambda node: refusal(union, node))
     analyse = time.perf_counter() - start
     print(f"\nscheduler cost on the Tree-LSTM graph of {n} nodes ({per_tree:.0f} a tree):")
     print(f"  analysis (signatures, levels, lower bound input): {analyse / n * 1e6:.1f} us/node")
