@@ -26,30 +26,19 @@ from autobatch.datasets import Tree
 from autobatch.frontends.cells import CELL_DOMAIN
 from autobatch.frontends.tracing import attributes
 from tests.example_models import model
+from tests.oracle import assert_same
 
-RTOL, ATOL = 1e-5, 1e-6
 BACKENDS = ("numpy", "onnxruntime")
 
 
 # ----------------------------------------------------------------------------- helpers
-def assert_same(got, want, what=""):
-    """The contract's equality: exact for integers and booleans, close for floats."""
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    if got.dtype.kind in "iub":
-        np.testing.assert_array_equal(got, want, err_msg=what)
-    else:
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=what)
-
-
 def assert_all_same(got, want, what=""):
     assert len(got) == len(want), what
     for k, (g, w) in enumerate(zip(got, want)):
         if isinstance(g, (list, tuple)):
             assert_all_same(g, w, f"{what} instance {k}")
         else:
-            assert_same(g, w, f"{what} instance {k}")
+            assert_same(g, w, what=f"{what} instance {k}")
 
 
 def batched(fn, instances, backend="numpy", flat_path=True, scheduler="level", reuse_calls=True):
@@ -304,11 +293,11 @@ def test_shared_parts_and_per_size_templates_at_several_sizes():
             got, batch = batched(fn, data[:n], backend=backend)
             assert_flat_ran(batch)
             for k, (c1, c2, c3, c4) in enumerate(got):
-                assert_same(c1, np.concatenate([data[k], F["P"].array]), f"n={n} {k}")
-                assert_same(c2, np.concatenate([F["PB"].array, np.tanh(data[k])]), f"n={n} {k}")
+                assert_same(c1, np.concatenate([data[k], F["P"].array]), what=f"n={n} {k}")
+                assert_same(c2, np.concatenate([F["PB"].array, np.tanh(data[k])]), what=f"n={n} {k}")
                 want = np.concatenate([data[k], F["P"].array]) @ F["C"].array
-                assert_same(c3, want, f"n={n} {k}")
-                assert_same(c4, data[k][int(data[k][0] > 0) + 1], f"n={n} {k}")
+                assert_same(c3, want, what=f"n={n} {k}")
+                assert_same(c4, data[k][int(data[k][0] > 0) + 1], what=f"n={n} {k}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
