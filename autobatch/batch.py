@@ -12,7 +12,7 @@ import numpy as np
 from autobatch.batcher import BatchingPass, get_scheduler
 from autobatch.batcher.flat import NotFlat, plan_records
 from autobatch.frontends.programs import run_in_lockstep
-from autobatch.frontends.tracing import OPSET, Tensor, Tracer
+from autobatch.frontends.tracing import OPSET, Tensor, TraceError, Tracer
 from autobatch.session import flat_executor, make_runner_factory
 
 
@@ -30,9 +30,9 @@ class Batch(Tracer):
         ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
         thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
         NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
-        when it loads, else the CPU). ``flat``: plan straight from the trace records where the
-        batch allows (the fast path, ``autobatch.batcher.flat``; not on CUDA, where the batched
-        graph keeps values on the device); False always builds the IR graph and rewrites it.
+        when it loads, else the CPU). ``flat``: plan straight from the trace records (the flat
+        plan, ``autobatch.batcher.flat``; not on CUDA, where the batched graph keeps values on
+        the device); False builds the IR graph and rewrites it (the general path).
         ``reuse_calls``: see ``Tracer``."""
         get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         super().__init__(reuse_calls)
@@ -40,33 +40,30 @@ class Batch(Tracer):
         self.scheduler = scheduler
         self._make_runner = make_runner_factory(backend, threads, providers)
         self._flat = flat_executor(backend, threads, providers) if flat else None
-        self.general_path_reason: str | None = None  # why the last run did not take the flat path
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
         self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
 
     def _execute(self, wanted: list[Tensor]) -> list[np.ndarray]:
         names = [t.name for t in wanted]
-        values = self._run_flat([t.producer for t in wanted], names) if self._flat is not None else None
-        return values if values is not None else self._run_graph(*self.records_for(names), names)
+        if self._flat is None:
+            return self._run_graph(*self.records_for(names), names)
+        return self._run_flat([t.producer for t in wanted], names)
 
-    def _run_flat(self, producers: list[int], names: list[str]) -> list[np.ndarray] | None:
-        """Values of ``names`` (made by the records at ``producers``) by the flat path, or None
-        (and the reason kept) where it does not apply."""
+    def _run_flat(self, producers: list[int], names: list[str]) -> list[Any]:
+        """Values of ``names`` (made by the records at ``producers``) by the flat plan."""
         try:
             plan = plan_records(self._records, names, producers, self._weights, self._literals, self.functions,
                                 self._opsets(), self.scheduler)
         except NotFlat as why:
-            self.general_path_reason = str(why)
-            return None
-        self.general_path_reason = None
-        arenas = self._flat.run(plan, self._weights, self._literals, plan.report.execution)  # type: ignore[union-attr]
+            raise TraceError(str(why)) from None
+        values = self._flat.run(plan, self._weights, self._literals, plan.report.execution)  # type: ignore[union-attr]
         self.reports.append(plan.report)
         self.last_plan = plan
-        return [arenas[arena][row, ...] for arena, row in map(plan.locations.__getitem__, names)]  # views, 0-d too
+        return [values[plan.locations[name]] for name in names]
 
     def _run_graph(self, records: list, needed: set[str], names: list[str]) -> list[np.ndarray]:
         start = time.perf_counter()
-        graph = self._graph(records, needed, names, self.general_path_reason)
+        graph = self._graph(records, needed, names)
         built = time.perf_counter() - start
         result = BatchingPass(self.scheduler, as_rows=True)(graph)
         result.report.seconds["build"] = built  # the IR graph of the records, as a session reports it

@@ -16,13 +16,13 @@ from onnx import ModelProto
 
 from autobatch.backends import FeedError, Interpreter, evaluate
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.backends.flat_executor import FlatExecutor, OrtTemplate
+from autobatch.backends.flat_executor import FlatExecutor, onnxruntime_template
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
-from autobatch.batcher.flat import FlatPlan, InstanceRecords, NotFlat, instance_records, mix_records, plan_records
+from autobatch.batcher.flat import FlatPlan, InstanceRecords, instance_records, mix_records, plan_records
 from autobatch.batcher.constants import constant_value, constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
@@ -111,6 +111,7 @@ class _FlatPlan:
 
     plan: FlatPlan
     weights: dict[str, np.ndarray]
+    located: list[tuple[int, Any]]  # where each wanted value is, instance by instance
 
 
 @dataclass
@@ -164,13 +165,12 @@ class InferenceSession:
             self.cache = SessionCache(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
         self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
-        # Batches take the flat path where it applies (not with control flow: each batch unrolls
-        # its own graph); per input signature, a flat plan or why the general path is taken.
-        self._flat = None if self._control_flow or not flat else flat_executor(backend, threads, providers)
+        # Batches take the flat path (but on CUDA: ``flat_executor``); plans are kept per mix of
+        # input signatures, but not with control flow, where each instance unrolls by its values.
+        self._flat = flat_executor(backend, threads, providers) if flat else None
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
-        self.general_path_reason: str | None = None  # why the last batch did not take the flat path
 
     def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The feeds, once they fit the model's inputs and, for a model with control flow, once
@@ -208,7 +208,8 @@ class InferenceSession:
         """One instance, unbatched, as onnxruntime's ``run`` (``run_options`` is accepted and
         ignored). Its If, Loop and Scan may run at most ``max_unrolled_nodes`` nodes: on NumPy
         they count them as they run; onnxruntime cannot, so there the instance is unrolled
-        first, to know."""
+        first, to know. A recurrent layer that may get no steps runs on the NumPy interpreter
+        (onnxruntime aborts there) and the rest on onnxruntime, as in a batch."""
         feeds = check_feeds(self.graph, feeds)
         if self.backend == "onnxruntime":
             typed = self._typed_graph(feeds) if self._control_flow or self._recurrent else None
@@ -216,6 +217,8 @@ class InferenceSession:
                                                                for node in typed.nodes.values()):
                 outputs = dict(zip(self.graph.outputs, self._single.run(feeds)))
                 return [outputs[name] for name in self._output_names(output_names)]
+            if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
+                return self.run_batch(output_names, [feeds])[0]
         try:
             with work_limit(self.max_unrolled_nodes):
                 return self._interpreter.run(feeds, output_names)
@@ -239,13 +242,12 @@ class InferenceSession:
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
         # The union graph names instance k's values "i{k}/name", but keeps constants shared.
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
-        wanted = [name if name in self._constant_outputs else f"i{k}/{name}" for k in range(len(checked))
-                  for name in names]
         width = len(names)
         if self._flat is not None:
-            values = self._run_flat(key, checked, union_feeds, wanted, start)
-            if values is not None:
-                return [values[k * width:(k + 1) * width] for k in range(len(checked))]
+            values = self._run_flat(key, checked, union_feeds, names, start)
+            return [values[k * width:(k + 1) * width] for k in range(len(checked))]
+        wanted = [name if name in self._constant_outputs else f"i{k}/{name}" for k in range(len(checked))
+                  for name in names]
         plan = self._plans.get(key) if key is not None else None
         cached = plan is not None
         if plan is None:
@@ -273,51 +275,45 @@ class InferenceSession:
             self.stats.launches = len(plan.runner.order)
         return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
 
-    def _run_flat(self, key: tuple, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
-                  wanted: list[str], start: float) -> list[np.ndarray] | None:
-        """The ``wanted`` values of the union by the flat path, or None (the reason kept) where it
-        does not apply."""
+    def _run_flat(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
+                  names: list[str], start: float) -> list[np.ndarray]:
+        """Output ``names`` of every instance by the flat path (``key``: the batch's mix of input
+        signatures, under which its plan is kept; None: not kept)."""
         seconds: dict[str, float] = {}
-        entry = self._flat_plans.get(key)
-        cached = isinstance(entry, _FlatPlan)
+        entry = self._flat_plans.get(key) if key is not None else None
+        cached = entry is not None
         if entry is None:
-            try:
-                pieces = [self._records_of(signature, feeds) for signature, feeds in zip(key, checked)]
-                records, producer = mix_records(pieces)
-                producers = [producer[name] for name in wanted if name in producer]
-                plan = plan_records(records, wanted, producers, pieces[0].weights, union_feeds, self.graph.functions,
-                                    self.graph.opset_imports, self.batching.scheduler_name, self._known_records)
-            except NotFlat as why:
-                entry = str(why)
-            else:
-                entry = _FlatPlan(plan, pieces[0].weights)
-                seconds["build"] = time.perf_counter() - start - sum(plan.report.seconds.values())
-                seconds.update(plan.report.seconds)
-            self._flat_plans[key] = entry
-        if isinstance(entry, str):
-            self.general_path_reason = entry
-            return None
-        self.general_path_reason = None
+            pieces = [self._records_of(feeds) for feeds in checked]
+            records, producer, weights = mix_records(pieces)
+            wanted = [_plan_name(k, name, producer, weights) for k in range(len(checked)) for name in names]
+            producers = [producer[name] for name in wanted if name in producer]
+            # What a plan learns of record keys holds while their constants keep their values:
+            # not across unrolled instances, whose constants are their own.
+            known = self._known_records if key is not None else None
+            plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
+                                self.graph.opset_imports, self.batching.scheduler_name, known)
+            entry = _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
+            seconds["build"] = time.perf_counter() - start - sum(plan.report.seconds.values())
+            seconds.update(plan.report.seconds)
+            if key is not None:
+                self._flat_plans[key] = entry
         begin = time.perf_counter()
-        arenas = self._flat.run(entry.plan, entry.weights, union_feeds)
-        located = [entry.plan.locations[name] for name in wanted]
+        values = self._flat.run(entry.plan, entry.weights, union_feeds)
+        found = [values[location] for location in entry.located]  # views of this run's arenas
         seconds["execute"] = time.perf_counter() - begin
         self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=len(entry.plan.steps),
                                   seconds=seconds)
-        return [arenas[arena][row, ...] for arena, row in located]  # views of this run's arenas
+        return found
 
-    def _records_of(self, signature: tuple, feeds: Mapping[str, Any]) -> InstanceRecords:
-        """The typed graph of an instance with these feeds (of this input signature) as records,
-        made once per signature; ``NotFlat`` when the flat path does not take it."""
+    def _records_of(self, feeds: Mapping[str, Any]) -> InstanceRecords:
+        """The typed graph of an instance with these feeds as records, made once per input
+        signature (with control flow, for each instance: it unrolls by its values)."""
+        if self._control_flow:
+            return instance_records(self._typed_graph(feeds))
+        signature = _input_signature(feeds)
         records = self._instance_records.get(signature)
         if records is None:
-            try:
-                records = instance_records(self._typed_graph(feeds))
-            except NotFlat as why:
-                records = str(why)
-            self._instance_records[signature] = records
-        if isinstance(records, str):
-            raise NotFlat(records)
+            records = self._instance_records[signature] = instance_records(self._typed_graph(feeds))
         return records
 
     def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
@@ -437,12 +433,13 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
     if backend == "numpy":
         # One padded call a layer: the NumPy layers skip finished sequences' rows, and their
         # cost is a Python step per time step (``backends/kernels/rnn.py``).
-        return FlatExecutor(lambda graph: Interpreter(graph).run_trusted, (backend,), sequence_chunk=None)
+        return FlatExecutor(lambda template: Interpreter(template.graph).run_trusted, (backend,), sequence_chunk=None)
     if backend == "onnxruntime":
         cache = shared_session_cache(threads, providers)
         if cache.on_cuda:
             return None
-        return FlatExecutor(lambda graph: OrtTemplate(graph, cache), (backend, threads, cache.providers), WEIGHT_SNAPSHOTS)
+        return FlatExecutor(lambda template: onnxruntime_template(template, cache), (backend, threads, cache.providers),
+                            WEIGHT_SNAPSHOTS)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
@@ -488,6 +485,13 @@ def _is_constant(graph: Graph, name: str) -> bool:
     producer = graph.producer_of(name)
     node = graph.nodes[producer[0]] if producer is not None else None
     return node is not None and node.op_type == "Constant" and not node.domain and constant_value(node) is not None
+
+
+def _plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[str, Any]) -> str:
+    """What a batch's records call output ``name`` of instance k: ``i{k}/name``, but for a
+    constant every instance shares."""
+    own = f"i{k}/{name}"
+    return name if own not in producer and own not in weights and name in weights else own
 
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:

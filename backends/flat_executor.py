@@ -21,9 +21,9 @@ from onnx import ModelProto, helper, numpy_helper
 
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
-from autobatch.backends.ort_runtime import SessionCache, new_session, run_session
+from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, SessionCache, declare_ranks_only, new_session, run_session
 from autobatch.ir.records import LEAF
-from autobatch.batcher.flat import LITERALS, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
+from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
@@ -40,8 +40,11 @@ class OrtTemplate:
     constants (``bakeable``: ``PACKED_INPUTS``), so that it packs them once
     (``backends.baked_weights``)."""
 
-    def __init__(self, graph: Graph, cache: SessionCache) -> None:
+    def __init__(self, graph: Graph, cache: SessionCache, ranks_only: bool = False) -> None:
+        """``ranks_only``: declare the inputs' ranks, not their dimensions (a solo template's
+        inputs have one member's inferred shapes: ``declare_ranks_only``)."""
         self.graph = graph
+        self.ranks_only = ranks_only
         self.name = graph.name
         self.outputs = list(graph.outputs)
         self.cache = cache
@@ -64,6 +67,10 @@ class OrtTemplate:
         # imported at another opset than the model (a cell made from an older ONNX model).
         return new_session(model, self.cache.options, self.cache.providers)
 
+    def _model(self) -> ModelProto:
+        model = to_onnx(self.graph, check=False)
+        return declare_ranks_only(model) if self.ranks_only else model
+
     def __call__(self, feeds: dict[str, Any], baked: Mapping[str, Snapshot] | None = None) -> list[Any]:
         """``baked``: the stable weights among the feeds, by input name (only those in ``bakeable``)."""
         if self._numpy is not None and any(value.size == 0 for value in feeds.values()):
@@ -77,7 +84,7 @@ class OrtTemplate:
         else:
             session = self._fed
             if session is None:
-                session = self._fed = self._session(to_onnx(self.graph, check=False))
+                session = self._fed = self._session(self._model())
         try:
             return run_session(session.run, self.outputs, feeds)
         except DeadlineExceeded:
@@ -87,7 +94,7 @@ class OrtTemplate:
 
     def _baked_session(self, baked: Mapping[str, Snapshot]) -> ort.InferenceSession:
         """The template with these inputs turned into initializers of their snapshots' values."""
-        model = to_onnx(self.graph, check=False)
+        model = self._model()
         inputs = [value for value in model.graph.input if value.name not in baked]
         del model.graph.input[:]
         model.graph.input.extend(inputs)
@@ -95,11 +102,26 @@ class OrtTemplate:
         return self._session(model)
 
 
+def onnxruntime_template(template: Template, cache: SessionCache) -> TemplateRun:
+    """A template's runner on onnxruntime: its sessions, or the NumPy interpreter for a solo
+    template onnxruntime's Python API cannot take (a loose sequence, optional, bfloat16 or
+    float8 value, a value of unknown type) or with a subgraph (whose body names the template
+    does not own)."""
+    graph = template.graph
+    inputs = (graph.values[name].type for name in graph.inputs)
+    outputs = (graph.values[name].type for name in graph.outputs)
+    takes = all(vtype is not None and vtype.is_tensor and vtype.elem_type not in NUMPY_LESS_TYPES for vtype in inputs) \
+        and all(vtype is None or vtype.is_tensor and vtype.elem_type not in NUMPY_LESS_TYPES for vtype in outputs)
+    if takes and not any(True for node in graph.nodes.values() for _ in node.subgraphs()):
+        return OrtTemplate(graph, cache, ranks_only=template.solo)
+    return Interpreter(graph).run_trusted
+
+
 class FlatExecutor:
-    """``prepare(graph)`` makes a template graph runnable on the backend; ``backend_key`` names
+    """``prepare(template)`` makes a template runnable on the backend; ``backend_key`` names
     that backend's configuration (templates keep one prepared run per key)."""
 
-    def __init__(self, prepare: Callable[[Graph], TemplateRun], backend_key: Hashable,
+    def __init__(self, prepare: Callable[[Template], TemplateRun], backend_key: Hashable,
                  snapshots: WeightSnapshots | None = None, sequence_chunk: int | None = CHUNK) -> None:
         self.prepare = prepare
         self.backend_key = backend_key
@@ -111,12 +133,12 @@ class FlatExecutor:
     def runner(self, template: Template) -> TemplateRun:
         runner = template.runners.get(self.backend_key)
         if runner is None:
-            runner = template.runners[self.backend_key] = self.prepare(template.graph)
+            runner = template.runners[self.backend_key] = self.prepare(template)
         return runner
 
     def run(self, plan: FlatPlan, weights: Mapping[str, np.ndarray], literals: Mapping[str, Any],
-            seconds: dict[str, float] | None = None) -> list[np.ndarray]:
-        """The arenas once every step has run; ``plan.locations`` says where each value is.
+            seconds: dict[str, float] | None = None) -> Values:
+        """Every value once every step has run, by its location (``plan.locations`` says where each is).
         ``literals``: the value of every literal the plan names (a plan may serve many runs).
         ``seconds`` receives the time spent in gathers (literals placed, weights checked for
         baking, operands stacked), template runs (kernels, with the backend's own call
@@ -124,6 +146,7 @@ class FlatExecutor:
         clock = time.perf_counter
         start = clock()
         arenas = _arenas(plan)
+        loose = Loose(literals, weights)
         for arena, first, names in plan.literal_runs:
             np.stack([literals[name] for name in names], out=arenas[arena][first:first + len(names)])
         baked_by_step = self._baked_by_step(plan, weights) if self.snapshots is not None else None
@@ -133,10 +156,10 @@ class FlatExecutor:
             check_deadline()
             begin = clock()
             if step.groups:  # ragged: every member's rows, one after the other
-                stacked = [_concatenated(arenas, literals, parts) if isinstance(parts, list)
-                           else _read(arenas, literals, *parts) for parts in step.reads]
+                stacked = [_concatenated(arenas, loose, parts) if isinstance(parts, list)
+                           else _read(arenas, loose, *parts) for parts in step.reads]
             else:
-                stacked = [_read(arenas, literals, a, rows) for a, rows in step.reads]
+                stacked = [_read(arenas, loose, a, rows) for a, rows in step.reads]
             template = step.template
             gathered = clock()
             if step.fold is not None:  # a tree fold: the leaves, then a level at a time
@@ -156,6 +179,7 @@ class FlatExecutor:
                     outputs = run_chunks(run, feeds, stacked[0], parts, template.sequences, results)
                 else:
                     feeds.update((f"x{i}", value) for i, value in zip(template.stacked, stacked))
+                    feeds.update(zip(template.captured, stacked[len(template.stacked):]))
                     outputs = run(feeds)
                     if template.segment is not None:  # a loss a row: each member's sum or mean
                         outputs = [_reduced(outputs[0], step)]
@@ -165,6 +189,8 @@ class FlatExecutor:
                     elem_type, shape = plan.kinds[write.arena]
                     _fits(value, (plan.rows[write.arena], *shape), helper.tensor_dtype_to_np_dtype(elem_type), step)
                     arenas[write.arena] = value
+                elif write[0] == LOOSE:  # kept as it is
+                    loose[write[1]] = value
                 else:
                     slot = arenas[write[0]][write[1], ...] if template is not None and template.once else \
                         arenas[write[0]][write[1]:write[1] + step.size]  # views, 0-d ones too
@@ -175,7 +201,7 @@ class FlatExecutor:
             scatter += clock() - ran
         if seconds is not None:
             seconds.update(gather=gather, kernels=kernels, scatter=scatter)
-        return arenas
+        return Values(arenas, loose)
 
     def _fold(self, plan: FlatPlan, step: Step, leaves: np.ndarray, weights: Mapping[str, np.ndarray],
               baked: list[dict[str, Snapshot]] | None) -> list[np.ndarray]:
@@ -228,6 +254,32 @@ class FlatExecutor:
                 for per_template in bakeable_by_step]
 
 
+class Loose(dict):
+    """A run's loose values by name (``batcher.flat.LOOSE``): loose steps' results, else the
+    literals, else the weights (a subgraph may read one)."""
+
+    def __init__(self, literals: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.literals = literals
+        self.weights = weights
+
+    def __missing__(self, name: str) -> Any:
+        return self.literals[name] if name in self.literals else self.weights[name]
+
+
+class Values:
+    """What a plan's run computed: ``values[location]`` is the value at a plan location (a view
+    of an arena's row or rows, or a loose value)."""
+
+    def __init__(self, arenas: list[np.ndarray], loose: Loose) -> None:
+        self.arenas = arenas
+        self.loose = loose
+
+    def __getitem__(self, location: tuple[int, Any]) -> Any:
+        arena, row = location
+        return self.loose[row] if arena == LOOSE else self.arenas[arena][row, ...]  # views, 0-d ones too
+
+
 class SlotMismatch(NodeExecutionError):
     """A step's result does not fit the rows the plan gave it: the plan's shapes (from shape
     inference) are wrong for these values. Never broadcast into the slot: that hides it."""
@@ -275,23 +327,27 @@ def _sequence_result(plan: FlatPlan, write: Any, members: int) -> np.ndarray:
     return np.zeros((members, *shape), helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _read(arenas: list[np.ndarray], literals: Mapping[str, Any], arena: int, rows: Rows) -> np.ndarray:
+def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any:
     """A slice is a view; an index array one gather; an int one member's row (0-d views too);
     ``Runs`` rows of a block, a value a run; ``Pieces`` values kept in several ways, one by one;
-    a list of literals' names (arena ``LITERALS``) their values stacked."""
+    a list of literals' names (arena ``LITERALS``) their values stacked; a name (arena
+    ``LOOSE``) a loose value as it is."""
     if type(rows) is Runs:
-        block = _read(arenas, literals, arena, rows.rows)
+        block = _read(arenas, loose, arena, rows.rows)
         return block.reshape(-1, rows.length, *block.shape[1:])
     if type(rows) is Pieces:
         return np.stack([arenas[a][r, ...] for a, r in rows])
+    if arena == LOOSE:
+        return loose[rows]
     if arena == LITERALS:
+        literals = loose.literals
         return np.array([literals[name] for name in rows])  # one dtype and shape: 2x faster than np.stack
     return arenas[arena].take(rows, axis=0) if isinstance(rows, np.ndarray) else arenas[arena][rows, ...]
 
 
-def _concatenated(arenas: list[np.ndarray], literals: Mapping[str, Any], parts: list[tuple[int, Rows]]) -> np.ndarray:
+def _concatenated(arenas: list[np.ndarray], loose: Loose, parts: list[tuple[int, Rows]]) -> np.ndarray:
     """The rows of every member, read group by group (``[members, length, ...]`` each)."""
-    blocks = [_read(arenas, literals, a, rows) for a, rows in parts]
+    blocks = [_read(arenas, loose, a, rows) for a, rows in parts]
     rows = [block.reshape(-1, *block.shape[2:]) for block in blocks]
     return rows[0] if len(rows) == 1 else np.concatenate(rows)
 

@@ -25,7 +25,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from autobatch.backends.interpreter import FeedError, Interpreter, NodeExecutionError, describe
-from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime, run_session
+from autobatch.backends.ort_runtime import LENGTH_READ, SessionCache, might_abort_onnxruntime, run_session
 from autobatch.batcher.rewrite import is_data_movement
 from autobatch.ir import Graph, Node, captured_names
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
@@ -280,9 +280,6 @@ def _tensors_only(graph: Graph, node: Node) -> bool:
     return all(vtype is None or vtype.is_tensor for vtype in types)
 
 
-# Inputs (by index) whose length onnxruntime's shape inference reads when it builds a session:
-# unnamed, it takes an unknown length for 0 ("sizes (0) must be same as rank of X").
-LENGTH_READ = {"Resize": (1, 2, 3), "Upsample": (1,)}
 
 
 def _input_spec(value: Any, pinned: bool) -> tuple[str, tuple[int | None, ...]]:

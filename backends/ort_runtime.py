@@ -99,6 +99,25 @@ def might_abort_onnxruntime(graph: Any, node: Any) -> bool:
     return vtype is None or not vtype.is_static or 0 in vtype.shape
 
 
+# Inputs (by index) whose length onnxruntime's shape inference reads when it builds a session:
+# unnamed, it takes an unknown length for 0 ("sizes (0) must be same as rank of X").
+LENGTH_READ = {"Resize": (1, 2, 3), "Upsample": (1,)}
+
+
+def declare_ranks_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its inputs' dimensions unnamed (their ranks kept), but the lengths that
+    ``LENGTH_READ`` says onnxruntime reads: it checks declared dimensions when it builds a
+    session, and shape inference over other values may declare what does not hold (a
+    one-element vector where Range takes a scalar of that value)."""
+    pinned = {node.input[i] for node in model.graph.node if not node.domain
+              for i in LENGTH_READ.get(node.op_type, ()) if i < len(node.input)}
+    for value in model.graph.input:
+        if value.name not in pinned and value.type.HasField("tensor_type"):
+            for dim in value.type.tensor_type.shape.dim:
+                dim.Clear()
+    return model
+
+
 # Element types onnxruntime's Python API neither takes from NumPy nor returns.
 NUMPY_LESS_TYPES = frozenset(getattr(TensorProto, name) for name in (
     "BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "INT4", "UINT4",

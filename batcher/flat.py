@@ -21,9 +21,11 @@ over sequences of different lengths run packed (``batcher.sequences``), tree fol
 level (``batcher.folds``).
 
 An op no rule batches, or a nondeterministic one, runs once per instance (a *solo* template:
-the op itself). A batch this path does not cover raises ``NotFlat`` naming why (a subgraph, a
-type that is not static, a value type no arena holds), and the caller takes the general path,
-which handles everything.
+the op itself). So does an op over values no arena holds (*loose* values: sequences,
+optionals, types whose shape is known only once computed, float8 and bfloat16 arrays) or with
+a subgraph: those values are kept one by one, as they are (``LOOSE``), and a step reads them by
+name. Every model takes this path; only a tree fold whose children are not known when traced
+raises ``NotFlat``.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ from autobatch.batcher.rules import Operand, Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks
 from autobatch.batcher.signature import attributes_key
-from autobatch.ir import Graph, Node, ValueType, attribute_value, is_nondeterministic
-from autobatch.ir.records import LEAF, TraceRecord
-from autobatch.ir.types import MISSING
+from autobatch.ir import Graph, Node, ValueType, attribute_value, captured_names, is_nondeterministic
+from autobatch.ir.records import LEAF, Record
+from autobatch.ir.types import MISSING, type_of_value
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
 # where rules may read it; larger ones (weights) are template inputs, fed at run time.
@@ -72,7 +74,8 @@ ARENA_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in A
 
 
 class NotFlat(Exception):
-    """The batch needs the general path; the message says why."""
+    """A batch this path cannot plan (a tree fold's children not known when traced); the
+    message says why."""
 
 
 Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)
@@ -101,6 +104,9 @@ class Template:
     # A loss over rows (``batcher.ragged.ROW_LOSS``): the template gives one value a row, and
     # this reduces each member's run of them.
     segment: RowReduction | None = None
+    # The inputs (named as its subgraphs read them) that a solo template's op reads from
+    # outside through its subgraphs, fed after the stacked operands.
+    captured: tuple[str, ...] = ()
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
@@ -126,8 +132,12 @@ class Pieces(list):
     """(arena, row or run of rows) per value, for values kept in several ways: read one by one."""
 
 
-Rows = slice | np.ndarray | int | list[str] | Runs | Pieces  # a list: the names of literals (arena ``LITERALS``)
+Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces  # a list: the names of literals (arena ``LITERALS``)
 LITERALS = -1  # the "arena" of reads stacked straight from literal values
+# The "arena" of loose values, kept one by one as they are (a sequence, a bfloat16 array, a
+# tensor whose shape is known once computed); the "row" is the value's name: a loose step's
+# result of this run, else a literal, else a weight.
+LOOSE = -2
 
 
 @dataclass(frozen=True)
@@ -188,15 +198,13 @@ _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
 _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged classes are merged
 
 
-def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producers: Sequence[int],
+def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
                  opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
     learnt of record keys, for a caller whose keys (and weights) stay the same across plans."""
-    if opsets.get("", 1) < MIN_STACKING_OPSET:
-        raise NotFlat(f"opset {opsets.get('', 1)} has no Reshape with a shape input")
     if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
         _templates.clear()
         _keyed_functions.clear()
@@ -209,14 +217,16 @@ def plan_records(records: Sequence[TraceRecord], wanted: Sequence[str], producer
     # once, and grouping by class is the cheapest way there.
     schedule = depth_schedule(problem) if not problem.depth.any() else get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
-    steps = [planner.step([records[i] for i in group], planner.record_class[group[0]]) for group in schedule]
+    steps = [step for group in schedule for step in planner.steps([records[i] for i in group],
+                                                                   planner.record_class[group[0]])]
     locations = {name: planner.where(name) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
     reads = [rows.rows if isinstance(rows, Runs) else rows for rows in reads]
     gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked, or pieces
     views = sum(isinstance(rows, slice) for rows in reads)
-    merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once)
+    merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once
+                 and not step.template.solo)
     reasons = Counter(f"{record.op_type}: {planner.templates[cls].reason}" for record, cls
                       in zip(records, planner.record_class) if getattr(planner.templates[cls], "solo", False))
     report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), sum(reasons.values()),
@@ -238,6 +248,7 @@ class _Planner:
         self.rows: list[int] = []
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
+        self.loose: set[str] = set()  # values loose steps give as they are (``LOOSE``)
         self.literal_runs: list[tuple[int, int, list[str]]] = []
         # per-instance value -> arena << ROW_BITS | row; a literal gets its row when first asked for
         self.location = _Locations(self._place_literal)
@@ -245,7 +256,7 @@ class _Planner:
         self.class_of: dict[tuple, int] = {}  # a signature -> its class
         self.record_class: list[int] = []  # per record (live ones, in order): its class
         self.templates: list[Template | RowReduction | str | None] = []  # per class; None for sums of terms
-        self.first_records: list[TraceRecord] = []  # per class: its first record
+        self.first_records: list[Record] = []  # per class: its first record
         self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
         self._attributes_keys: dict[int, tuple] = {}
         # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
@@ -253,7 +264,7 @@ class _Planner:
         self.known: dict[Hashable, tuple] = known if known is not None else {}
 
     # ------------------------------------------------------------------ signing
-    def sign(self, records: Sequence[TraceRecord], preds: list[list[int]]) -> Problem:
+    def sign(self, records: Sequence[Record], preds: list[list[int]]) -> Problem:
         """Signature classes (with their templates) of the records, and the problem."""
         class_of: dict[Hashable, int] = {}  # a record key -> its class
         record_class = self.record_class
@@ -268,7 +279,7 @@ class _Planner:
         sig[solo[sig]] = UNBATCHABLE  # the schedulers run these one by one, and the bound counts them so
         return problem_from(list(range(len(records))), sig, preds, self.classes)
 
-    def _class(self, record: TraceRecord) -> int:
+    def _class(self, record: Record) -> int:
         """The class of a record's signature, made (with its template) when new."""
         known = self.known.get(record.key)
         if known is None:
@@ -291,17 +302,18 @@ class _Planner:
             key = self._attributes_keys[id(attributes)] = attributes_key(attributes)
         return key
 
-    def _kind(self, record: TraceRecord) -> tuple[tuple, Template | str | None, tuple | None]:
+    def _kind(self, record: Record) -> tuple[tuple, Template | str | None, tuple | None]:
         """A record's signature, its class's template, and its signature without the length of
         its rows where the op is row-wise (``batcher.ragged``). The template of a row-wise
         record is ``_MERGED_OR_NOT`` until its class is known to be merged or not."""
         signature = self._sum_key(record)
         attributes = self._attributes_key(record.attributes)
         if signature is None:
-            for name, vtype in zip(record.outputs, record.types):  # static: stacked in arenas
-                if name and (not vtype.is_tensor or not vtype.is_static):
-                    raise NotFlat(f"{record.op_type} output {name!r} has type {vtype!r}, not static")
             signature = (record.domain, record.op_type, attributes, record.entries, tuple(map(bool, record.outputs)))
+            loose = _loose_reason(record)
+            if loose is not None:  # one member at a time, its values as they are
+                captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
+                return (*signature, captured), self._template(record, None, solo=loose), None
         if signature[2] == SUM_OF_TERMS:
             # No template, and no ragged signature: the class takes any number of terms, so one
             # member's (its terms counted) would not hold for the others.
@@ -309,10 +321,13 @@ class _Planner:
         ragged = ragged_signature(record, self.weights, self.opsets.get("", 1), attributes)
         return signature, _MERGED_OR_NOT if ragged is not None else self._own_template(record), ragged
 
-    def _own_template(self, record: TraceRecord) -> Template | str:
+    def _own_template(self, record: Record) -> Template | str:
         """The template of a record's own class: its rule's, else the op for one member at a time."""
         if is_nondeterministic(record.op_type, record.domain, self.functions, record.inputs):  # every run draws anew
             return self._template(record, None, solo=RANDOM)  # type: ignore[return-value]
+        opset = self.opsets.get("", 1)
+        if opset < MIN_STACKING_OPSET:  # the rules stack and split with Reshape's shape input
+            return self._template(record, None, solo=f"opset {opset} has no Reshape with a shape input")  # type: ignore
         built = self._template(record, None)
         return self._template(record, None, solo=built.reason) if isinstance(built, Refusal) else built  # type: ignore
 
@@ -342,7 +357,7 @@ class _Planner:
             self.ragged.append(signature)
         return np.array(merged, dtype=np.int64)
 
-    def _ragged_template(self, record: TraceRecord) -> Template | RowReduction | None:
+    def _ragged_template(self, record: Record) -> Template | RowReduction | None:
         """The op itself over rows of any number (``R``), cached as templates are."""
         if record.domain:  # a fold: its step is worked out from its members
             return Fold()
@@ -371,7 +386,7 @@ class _Planner:
         template = _templates[key]
         return template if isinstance(template, Template) else None
 
-    def _sequences_template(self, record: TraceRecord, specs: tuple, baked: dict[int, np.ndarray]) -> Template:
+    def _sequences_template(self, record: Record, specs: tuple, baked: dict[int, np.ndarray]) -> Template:
         """The layer over ``x0 [T, B, d]`` (a chunk of padded sequences) and ``x4``, their
         lengths (``batcher.sequences``)."""
         _, elem_type, (_, _, width) = specs[0]
@@ -405,28 +420,25 @@ class _Planner:
         return arena << ROW_BITS | row
 
     @staticmethod
-    def _sum_key(record: TraceRecord) -> tuple | None:
+    def _sum_key(record: Record) -> tuple | None:
         """Sums of per-instance float terms of one type batch whatever their number of terms."""
         if record.op_type != "Sum" or record.domain or len(record.entries) < 2:
             return None
         out = record.types[0]
-        if out.dtype is None or out.dtype.kind != "f" or not all(e == out for e in record.entries):
+        if not _stackable(out) or out.dtype.kind != "f" or not all(e == out for e in record.entries):
             return None
         return ("", "Sum", SUM_OF_TERMS, out)
 
     def arena(self, kind: Kind) -> int:
         index = self.kinds.get(kind)
         if index is None:
-            if kind[0] not in ARENA_TYPES:
-                raise NotFlat(f"no arena for {helper.tensor_dtype_to_np_dtype(kind[0])} values "
-                              "(float8, 4-bit and bfloat16 types take the general path)")
             index = self.kinds[kind] = len(self.rows)
             self.arena_kinds.append(kind)
             self.rows.append(0)
         return index
 
     # ------------------------------------------------------------------ templates
-    def _template(self, record: TraceRecord, size: int | None, solo: str | None = None) -> Template | Refusal | str:
+    def _template(self, record: Record, size: int | None, solo: str | None = None) -> Template | Refusal | str:
         """The class's template from the cache, built on a miss; a ``Refusal`` when no rule
         batches it (then a ``solo`` template, given the refusal's reason, runs the op for one
         member at a time). ``size`` is asked for only once a rule has shown that it reads N."""
@@ -435,8 +447,9 @@ class _Planner:
         if function is not None:
             _keyed_functions[id(function)] = function
         version = self.opsets.get(record.domain, 1)
+        captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
         base = (record.domain, record.op_type, version, self._attributes_key(record.attributes), id(function), specs,
-                tuple(map(bool, record.outputs)), solo is not None)
+                tuple(map(bool, record.outputs)), solo is not None, captured)
         per_size = _templates.get(base) == _PER_SIZE
         if per_size and size is None:
             return _PER_SIZE  # resolved per step
@@ -446,7 +459,8 @@ class _Planner:
         node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
                     list(record.outputs), 0, "")
         if solo is not None:
-            built, reads_size = _build_solo(node, specs, baked, self.functions, self.opsets, solo), False
+            built = _build_solo(node, specs, baked, self.functions, self.opsets, solo, captured, record.types)
+            reads_size = False
         else:
             built, reads_size = _build_template(node, specs, baked, [t.shape if t else () for t in record.types],
                                                 self.functions, self.opsets, size or 2)
@@ -458,15 +472,16 @@ class _Planner:
         _templates[key] = built
         return built
 
-    def _operand_specs(self, record: TraceRecord) -> tuple[tuple, dict[int, np.ndarray]]:
+    def _operand_specs(self, record: Record) -> tuple[tuple, dict[int, np.ndarray]]:
         specs: list[tuple | None] = []
         baked: dict[int, np.ndarray] = {}
         for i, (name, entry) in enumerate(zip(record.inputs, record.entries)):
             if not name:
                 specs.append(None)
                 continue
-            if isinstance(entry, ValueType):
-                specs.append(("x", entry.elem_type, entry.shape))
+            if entry is None or isinstance(entry, ValueType):
+                # A loose value's spec is its type itself (None: not known); only a solo template reads one.
+                specs.append(("x", entry.elem_type, entry.shape) if _stackable(entry) else ("v", entry))
                 continue
             array = np.asarray(self.weights[name])
             dtype = array.dtype  # the dtype itself: ml_dtypes types (int4, int2) share a dtype.str
@@ -478,32 +493,45 @@ class _Planner:
         return tuple(specs), baked
 
     # ------------------------------------------------------------------ steps
-    def step(self, members: list[TraceRecord], cls: int) -> Step:
-        first = members[0]
+    def steps(self, members: list[Record], cls: int) -> list[Step]:
+        """The launches of a class's members scheduled together: one, or one a member where the
+        rule refuses their number."""
         template = self.templates[cls]
         if isinstance(template, Fold):
-            return self._fold_step(members)
+            return [self._fold_step(members)]
         if isinstance(template, RowReduction) or isinstance(template, Template) and template.ragged:
-            return self._ragged_step(members, template)
+            return [self._ragged_step(members, template)]
+        if isinstance(template, str):  # _PER_SIZE
+            template = self._template(members[0], len(members))
+            if isinstance(template, Refusal):
+                solo = self._template(members[0], None, solo=template.reason)
+                return [self._step([member], solo) for member in members]  # type: ignore[arg-type]
+        return [self._step(members, template)]
+
+    def _step(self, members: list[Record], template: Template | None) -> Step:
+        first = members[0]
         outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
         if template is None:  # a sum of terms
             terms = [name for member in members for name in member.inputs]
             offsets = np.cumsum([0] + [len(m.inputs) for m in members[:-1]], dtype=np.intp)
             return Step(None, len(members), [self._rows(terms)], [], [self._write(first, 0, outputs[0], False)],
                         offsets)
-        if isinstance(template, str):  # _PER_SIZE
-            template = self._template(first, len(members))
-            if not isinstance(template, Template):
-                raise NotFlat(f"no batching rule takes {first.op_type} for {len(members)} instances")
         if template.solo:  # one member: its own value (all of its rows where it is kept in a block)
             reads = [self.where(first.inputs[i]) for i in template.stacked]
-        else:
-            inputs = list(zip(*[member.inputs for member in members]))  # per input, its name in each member
-            reads = [self._rows(inputs[i]) for i in template.stacked]
+            reads += [self.where(outside) for _, outside, _ in first.captured]
+            writes = [self._write(first, k, names, True) if _stackable(first.types[k]) else self._loose(names[0])
+                      for k, names in enumerate(outputs) if names[0]]
+            return Step(template, 1, reads, [first.inputs[i] for i in template.fed], writes)
+        inputs = list(zip(*[member.inputs for member in members]))  # per input, its name in each member
+        reads = [self._rows(inputs[i]) for i in template.stacked]
         writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
 
-    def _ragged_step(self, members: list[TraceRecord], template: Template | RowReduction) -> Step:
+    def _loose(self, name: str) -> tuple[int, str]:
+        self.loose.add(name)
+        return LOOSE, name
+
+    def _ragged_step(self, members: list[Record], template: Template | RowReduction) -> Step:
         """Members ordered by length (stable: the order of an earlier ragged step over the same
         instances, whose blocks are then read as views)."""
         data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
@@ -528,7 +556,7 @@ class _Planner:
         return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
                     groups=groups)
 
-    def _fold_step(self, members: list[TraceRecord]) -> Step:
+    def _fold_step(self, members: list[Record]) -> Step:
         """Every member's tree at once (``batcher.folds``): ordered by their numbers of leaves,
         their leaf inputs read as one run of rows, their states written as blocks."""
         members, _, groups, bounds = _by_length(members, 0)
@@ -556,7 +584,7 @@ class _Planner:
         writes = [self._block(members[0], k, names, sizes) for k, names in enumerate(outputs)]
         return Step(None, len(members), [leaves], [], writes, groups=groups, fold=launches)
 
-    def _fold_cells(self, first: TraceRecord) -> tuple[GraphRecord, GraphRecord]:
+    def _fold_cells(self, first: Record) -> tuple[Record, Record]:
         """A fold's leaf and node cell calls as records, for their templates."""
         leaf, node, leaf_parameters, domain = (attribute_value(first.attributes[name])
                                                for name in ("leaf", "node", "leaf_parameters", "cells"))
@@ -568,11 +596,11 @@ class _Planner:
         for function, operands, parameters in ((leaf, [row], shared[:leaf_parameters]),
                                                (node, states + states, shared[leaf_parameters:])):
             inputs = [f"x{i}" for i in range(len(operands))] + parameters
-            calls.append(GraphRecord(_text(function), _text(domain), inputs, names, {}, states, (*operands, *parameters),
+            calls.append(Record(_text(function), _text(domain), inputs, names, {}, states, (*operands, *parameters),
                                      None, []))
         return calls[0], calls[1]
 
-    def _fold_level(self, call: GraphRecord, size: int, operands: list, nodes: np.ndarray) -> Level:
+    def _fold_level(self, call: Record, size: int, operands: list, nodes: np.ndarray) -> Level:
         """One launch of a fold: ``call``'s cell batched for ``size`` members."""
         template = self._template(call, None)
         if template == _PER_SIZE:
@@ -624,13 +652,17 @@ class _Planner:
             return arena, Runs(_rows_of_runs(starts, np.full(len(names), length)), length)
         return LITERALS, Pieces(self.where(name) for name in names)
 
-    def where(self, name: str) -> tuple[int, int | slice]:
-        """(arena, row) of a value, or (arena, its rows) for one kept in a block."""
+    def where(self, name: str) -> tuple[int, int | slice | str]:
+        """(arena, row) of a value, or (arena, its rows) for one kept in a block, or (``LOOSE``,
+        its name) for a loose value (a weight read by a subgraph, too)."""
+        if name in self.loose or name in self.weights or name not in self.location and name in self.literals \
+                and not _stackable(type_of_value(self.literals[name])):
+            return LOOSE, name
         arena, row = _place(self.location[name])
         length = self.runs.get(name)
         return (arena, row) if length is None else (arena, slice(row, row + length))
 
-    def _block(self, first: TraceRecord, k: int, names: Sequence[str], lengths: list[int]) -> Block:
+    def _block(self, first: Record, k: int, names: Sequence[str], lengths: list[int]) -> Block:
         """An arena of its own for output ``k`` of a ragged step: each member's rows (as many as
         its length) after the previous member's."""
         vtype = first.types[k]
@@ -643,7 +675,7 @@ class _Planner:
         self.runs.update(zip(names, lengths))
         return Block(arena)
 
-    def _write(self, first: TraceRecord, k: int, names: Sequence[str], once: bool) -> tuple[int, int]:
+    def _write(self, first: Record, k: int, names: Sequence[str], once: bool) -> tuple[int, int]:
         """Rows for output ``k`` (``names``: its name in each member; one row for all when
         ``once``): (arena, first row)."""
         vtype = first.types[k]
@@ -672,7 +704,7 @@ def _place(location: int) -> tuple[int, int]:
     return location >> ROW_BITS, location & ROW_MASK
 
 
-def _by_length(members: list[TraceRecord], data: int) -> tuple[list[TraceRecord], list[int], list[tuple[int, int]],
+def _by_length(members: list[Record], data: int) -> tuple[list[Record], list[int], list[tuple[int, int]],
                                                                 list[int]]:
     """Members ordered by the length of operand ``data`` (stably), their lengths, the groups of
     one length (length, count) and where each group starts and ends."""
@@ -696,21 +728,6 @@ def _rows_of_runs(starts: np.ndarray, lengths: np.ndarray) -> slice | np.ndarray
     return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
 
 
-@dataclass(slots=True)
-class GraphRecord:
-    """A node of an IR graph seen as a trace record (see ``TraceRecord``)."""
-
-    op_type: str
-    domain: str
-    inputs: list[str]
-    outputs: list[str]
-    attributes: dict[str, AttributeProto]
-    types: list[ValueType | None]
-    entries: tuple
-    key: tuple
-    preds: list[int]
-
-
 @dataclass
 class InstanceRecords:
     """One instance's graph as records over its own value names. ``InferenceSession`` keeps
@@ -718,62 +735,93 @@ class InstanceRecords:
     (renamed per instance) without building the union graph: a new mix of shapes costs a
     plan, not a graph. ``weights`` are the graph's constants, shared by every instance."""
 
-    records: list[GraphRecord]
+    records: list[Record]
     own: set[str]  # the instance's own values (renamed per instance)
     producer: dict[str, int]
     weights: dict[str, np.ndarray]
 
 
 def instance_records(graph: Graph) -> InstanceRecords:
-    """The nodes of ``graph`` (one instance, its values typed) in topological order as records;
-    ``NotFlat`` for a graph the flat path does not take (subgraphs, types not known, an output
-    that is a constant)."""
+    """The nodes of ``graph`` (one instance, its values typed) in topological order as records."""
     weights = graph.initializers()
-    constant_outputs = [name for name in graph.outputs if name in weights]
-    if constant_outputs:
-        raise NotFlat(f"output(s) {constant_outputs} are constants")
     producer: dict[str, int] = {}
     records = []
     for i, node in enumerate(graph.topological_order()):
-        if any(True for _ in node.subgraphs()):
-            raise NotFlat(f"{node} has a subgraph")
-        entries = tuple(MISSING if not name else name if name in weights else _static(graph, name)
+        entries = tuple(MISSING if not name else name if name in weights else graph.values[name].type
                         for name in node.inputs)
-        types = [_static(graph, name) if name else None for name in node.outputs]  # None: output not wanted
-        preds = sorted({producer[name] for name in node.inputs if name in producer})
+        types = [graph.values[name].type if name else None for name in node.outputs]
+        captured = tuple((name, name, graph.values[name].type) for name in sorted(captured_names(node))
+                         if name in graph.values)
+        preds = sorted({producer[name] for name in (*node.inputs, *(c[0] for c in captured)) if name in producer})
         # The key holds the attributes by content: callers keep what plans learn of keys longer
         # than these records live, and an id could come back for other attributes.
-        key = (node.domain, node.op_type, attributes_key(node.attributes), entries)
-        records.append(GraphRecord(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
-                                   entries, key, preds))
+        key = (node.domain, node.op_type, attributes_key(node.attributes), entries, captured)
+        records.append(Record(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
+                              entries, key, preds, captured=captured))
         producer.update((name, i) for name in node.outputs if name)
     return InstanceRecords(records, set(graph.values) - weights.keys(), producer, weights)
 
 
-def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[GraphRecord], dict[str, int]]:
+def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[str, int], dict[str, np.ndarray]]:
     """The records of a batch: those of instance k after those of instances 0..k-1, its own
-    values named ``i{k}/name``; and the record producing each value."""
-    records: list[GraphRecord] = []
+    values named ``i{k}/name``; the record producing each value; and the constants they read.
+    A constant every instance has alike is shared; one that differs (an unrolled loop's trip
+    values, say) is instance k's own, ``i{k}/name``, and so are the entries that name it."""
+    weights = _common_weights([piece.weights for piece in pieces])
+    records: list[Record] = []
     producer: dict[str, int] = {}
     for k, piece in enumerate(pieces):
         offset = len(records)
-        names = {name: f"i{k}/{name}" for name in piece.own}
+        own = [name for name in piece.weights if name not in weights]
+        names = {name: f"i{k}/{name}" for name in (*piece.own, *own)}
+        weights.update((names[name], piece.weights[name]) for name in own)
         rename = names.get
-        records += [GraphRecord(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
-                                r.attributes, r.types, r.entries, r.key, [p + offset for p in r.preds])
-                    for r in piece.records]
+        for r in piece.records:
+            entries, key = r.entries, r.key
+            if own and any(type(entry) is str and entry in names for entry in entries):
+                entries = tuple(rename(entry, entry) if type(entry) is str else entry for entry in entries)
+                key = (*key[:3], entries, *key[4:])
+            records.append(Record(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
+                                  r.attributes, r.types, entries, key, [p + offset for p in r.preds], k,
+                                  tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)))
         producer.update((names[name], index + offset) for name, index in piece.producer.items())
-    return records, producer
+    return records, producer, weights
 
 
-def _static(graph: Graph, name: str) -> ValueType:
-    vtype = graph.values[name].type
-    if vtype is None or not vtype.is_tensor or not vtype.is_static:
-        raise NotFlat(f"value {name!r} has type {vtype!r}, not a static tensor type")
-    return vtype
+def _common_weights(weights: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The constants of every instance's graph that all have alike (the first's dict itself,
+    when every instance has it: one model's typed graphs share theirs)."""
+    first = weights[0]
+    if all(other is first for other in weights[1:]):
+        return first
+    return {name: array for name, array in first.items()
+            if all(name in other and _alike(array, other[name]) for other in weights[1:])}
 
 
-def _live(records: Sequence[TraceRecord], producers: Sequence[int]) -> tuple[Sequence[TraceRecord], list[list[int]]]:
+def _alike(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+
+
+def _stackable(vtype: ValueType | None) -> bool:
+    """Whether values of this type live in an arena: tensors of a static shape and an element
+    type NumPy holds (the others are loose)."""
+    return vtype is not None and vtype.is_static and vtype.elem_type in ARENA_TYPES
+
+
+def _loose_reason(record: Record) -> str | None:
+    """Why a record runs one member at a time with loose values (its subgraphs, or a value no
+    arena holds), or None."""
+    if any(proto.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for proto in record.attributes.values()):
+        return "an op with a subgraph runs alone"
+    read = (entry for entry in record.entries if entry is None or isinstance(entry, ValueType))
+    given = (vtype for name, vtype in zip(record.outputs, record.types) if name)
+    for vtype in (*read, *given):
+        if not _stackable(vtype):
+            return f"{vtype!r} values are not stacked" if vtype is not None else "values of unknown type are not stacked"
+    return None
+
+
+def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence[Record], list[list[int]]]:
     """The records that lead to a wanted value (usually all), and their predecessors
     renumbered among them."""
     alive = bytearray(len(records))
@@ -812,6 +860,12 @@ class _SizeWatchingEmitter(GraphEmitter):
 def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_shapes: list[tuple],
                     functions: Functions, opsets: Mapping[str, int], size: int) -> tuple[Template | Refusal, bool]:
     """(the template, or why no rule takes the class; whether the rule read N)."""
+    if not any(spec is not None and spec[0] == "x" for spec in specs):
+        # Duplicates: the op once, its small constants fed rather than baked (no rule reads
+        # them, and a backend that builds a session over constants alone would check them as
+        # it never checks values it is fed: Range's one-element bounds).
+        specs = tuple(("w", *spec[1:3]) if spec is not None and spec[0] == "k" and spec[1] in ARENA_DTYPES else spec
+                      for spec in specs)
     graph = Graph(f"template_{node.op_type}", opsets)
     graph.functions = dict(functions)
     operands = _template_inputs(graph, specs, baked, batched=True)
@@ -835,16 +889,24 @@ def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_
 
 
 def _build_solo(node: Node, specs: tuple, baked: dict[int, np.ndarray], functions: Functions,
-                opsets: Mapping[str, int], reason: str = "") -> Template:
-    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape);
-    ``reason``: why the class runs one member at a time."""
+                opsets: Mapping[str, int], reason: str = "", captured: tuple[tuple[str, ValueType | None], ...] = (),
+                out_types: Sequence[ValueType | None] = ()) -> Template:
+    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape, and
+    the ``captured`` values its subgraphs read, by their names there); ``reason``: why the
+    class runs one member at a time. ``out_types``: the outputs' types, of which the template
+    declares the kinds (a sequence, a bfloat16 tensor: what a backend may not take)."""
     graph = Graph(f"solo_{node.op_type}", opsets)
     if node.domain:
         graph.functions = dict(functions)
     operands = _template_inputs(graph, specs, baked, batched=False)
+    for inside, vtype in captured:
+        graph.add_input(inside, vtype)
     _add_outputs(graph, node, _op_itself(graph, node, operands))
+    for name, vtype in zip(graph.outputs, (vtype for k, vtype in enumerate(out_types) if node.outputs[k])):
+        graph.values[name].type = _kind_of(vtype)
     stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
-    return Template(graph, stacked, _fed(specs), once=True, solo=True, reason=reason)
+    return Template(graph, stacked, _fed(specs), once=True, solo=True, reason=reason,
+                    captured=tuple(inside for inside, _ in captured))
 
 
 def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], batched: bool) -> list[Operand | None]:
@@ -857,6 +919,9 @@ def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], b
         elif spec[0] == "x":
             graph.add_input(f"x{i}", ValueType.tensor(spec[1], ["N", *spec[2]] if batched else spec[2]))
             operands.append(Operand(f"x{i}", True, spec[2]))
+        elif spec[0] == "v":  # a loose value, of its kind
+            graph.add_input(f"x{i}", _kind_of(spec[1]))
+            operands.append(Operand(f"x{i}", True, spec[1].shape if spec[1] is not None else None))
         elif spec[0] == "w":
             graph.add_input(f"w{i}", ValueType.tensor(spec[1], spec[2]))
             operands.append(Operand(f"w{i}", False, spec[2]))
@@ -864,6 +929,15 @@ def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], b
             graph.add_initializer(f"k{i}", baked[i])
             operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
     return operands
+
+
+def _kind_of(vtype: ValueType | None) -> ValueType | None:
+    """A loose value's type as a template declares it: a tensor's element type, not its shape
+    (inferred from other values, it need not hold for every member of a class, and a backend
+    that builds a session from it would check it)."""
+    if vtype is None or not vtype.is_tensor:
+        return vtype
+    return ValueType.tensor(vtype.elem_type, None) if vtype.elem_type else None
 
 
 def _op_itself(graph: Graph, node: Node, operands: list[Operand | None]) -> list[str]:

@@ -23,7 +23,7 @@ from onnx import AttributeProto, helper
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
-from autobatch.ir.records import FOLD_DOMAIN
+from autobatch.ir.records import FOLD_DOMAIN, Record
 
 OPSET = {"": 18}
 
@@ -165,25 +165,6 @@ class Parameter:
         return self
 
 
-@dataclass(slots=True)
-class _Record:
-    """One traced op. ``entries``: what each input contributes to the op's signature (see
-    ``Tensor.entry``); ``key``: equal for records of one signature class (the planner turns
-    it into the class); ``preds``: indices of the records whose outputs it reads (a record
-    read twice is listed twice)."""
-
-    op_type: str
-    inputs: list[str]
-    outputs: list[str]
-    attributes: dict[str, AttributeProto]
-    types: list[ValueType]
-    instance: int
-    domain: str
-    entries: tuple
-    key: Hashable
-    preds: list[int]
-
-
 _NO_ATTRIBUTES: dict[str, AttributeProto] = {}
 
 
@@ -226,7 +207,7 @@ class Tracer:
         the outputs of its first call, traced and run once (common subexpressions, such as the
         first steps of character LSTMs over words that share a prefix, or a leaf's cell on a
         word and label seen before); ``reused_calls`` counts them."""
-        self._records: list[_Record] = []
+        self._records: list[Record] = []
         self._pending: list[weakref.ref[Tensor]] = []  # outputs of records, alive while someone holds them
         self._literals: dict[str, np.ndarray] = {}  # data read by pending records
         self._parameters: dict[int, Tensor] = {}  # id(Parameter) -> its tensor in this batch
@@ -403,8 +384,8 @@ class Tracer:
         self._pending += map(weakref.ref, tensors)
         if seen is not None:
             self._calls[seen] = index
-        self._records.append(_Record(op_type, names, [t.name for t in tensors], attributes, types, self._instance,
-                                     domain, entries, key, preds))
+        self._records.append(Record(op_type, domain, names, [t.name for t in tensors], attributes, types, entries,
+                                    key, preds, self._instance))
         return tensors
 
     def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
@@ -468,7 +449,7 @@ class Tracer:
     def _opsets(self) -> dict[str, int]:
         return {**OPSET, **{domain: 1 for domain, _ in self.functions}}
 
-    def records_for(self, wanted: Sequence[str]) -> tuple[list[_Record], set[str]]:
+    def records_for(self, wanted: Sequence[str]) -> tuple[list[Record], set[str]]:
         """The records that lead to ``wanted`` (in trace order), and every value they read."""
         needed = set(wanted)
         records = []
@@ -480,12 +461,10 @@ class Tracer:
         records.reverse()
         return records, needed
 
-    def _graph(self, records: list[_Record], needed: set[str], wanted: list[str], why: str | None = None) -> Graph:
-        """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk; ``why``:
-        why the flat path did not take them (a fold needs it)."""
+    def _graph(self, records: list[Record], needed: set[str], wanted: list[str]) -> Graph:
+        """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk."""
         if any(record.domain == FOLD_DOMAIN for record in records):
-            reason = f" (it does not take this batch: {why})" if why else ""
-            raise TraceError(f"a tree fold (fold_tree) runs on the flat path only{reason}; Batch(flat=False) and CUDA "
+            raise TraceError("a tree fold (fold_tree) runs on the flat plan only; Batch(flat=False) and CUDA "
                              "take the general path")
         graph = Graph("batch", self._opsets())
         graph.functions = dict(self.functions)

@@ -325,7 +325,8 @@ class Outcome:
     mismatches: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # a batch that raised where every instance ran alone
     alone_failed: int = 0  # programs whose one-instance run raised (not a batching question)
-    flat: int = 0  # batches the flat path took
+    nodes: int = 0  # of the batches, in the plans
+    launches: int = 0  # the plans' steps
     ops: collections.Counter = field(default_factory=collections.Counter)
 
 
@@ -355,7 +356,8 @@ def check_program(seed: int, backend: str, outcome: Outcome) -> None:
             except Exception as error:  # noqa: BLE001 - a batching failure: what the fuzzer looks for
                 outcome.errors.append(f"seed {seed} {backend} batch {b}: {type(error).__name__}: {error}"[:500])
                 return
-            outcome.flat += session.general_path_reason is None
+            outcome.nodes += session.stats.report.nodes
+            outcome.launches += session.stats.launches
             if len(got) != len(wanted) or any(len(g) != len(w) for g, w in zip(got, wanted)):
                 outcome.errors.append(f"seed {seed} {backend} batch {b}: {[len(g) for g in got]} outputs batched, "
                                       f"{[len(w) for w in wanted]} alone")
@@ -391,7 +393,7 @@ def report(outcomes: dict[str, Outcome]) -> str:
     lines = []
     for backend, o in outcomes.items():
         lines.append(f"{backend}: {o.programs} programs ({o.instances} instances in {3 * o.programs} batches, "
-                     f"{o.flat} by the flat path), {len(o.mismatches)} mismatches, {len(o.errors)} batch errors, "
+                     f"{o.nodes} nodes in {o.launches} launches), {len(o.mismatches)} mismatches, {len(o.errors)} batch errors, "
                      f"{o.alone_failed} programs whose one-instance run raised")
         lines += [f"  {line}" for line in (o.mismatches + o.errors)[:10]]
     ops = collections.Counter()

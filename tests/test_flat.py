@@ -62,7 +62,6 @@ def alone(fn, instances, backend="numpy"):
 
 
 def assert_flat_ran(batch):
-    assert batch.general_path_reason is None, batch.general_path_reason
     assert isinstance(batch.last_plan, FlatPlan)
     assert batch.reports[-1] is batch.last_plan.report
     report = batch.last_plan.report
@@ -104,7 +103,6 @@ def test_examples_flat_equals_general_equals_alone(name, form, backend):
 
     assert_flat_ran(flat_batch)
     assert_general_ran(general_batch)
-    assert general_batch.general_path_reason is None  # flat=False never tries the flat path
     assert len({float(v) for v in one_by_one}) == len(one_by_one), "instances should differ"
     assert_all_same(on_flat, one_by_one, "flat vs alone")
     assert_all_same(on_general, one_by_one, "general vs alone")
@@ -517,7 +515,7 @@ def test_nondeterministic_op_runs_alone_on_the_flat_path(backend):
             assert_same(values[2 * k + 1], x @ F["W"].array)
 
 
-def test_values_without_an_arena_take_the_general_path():  # NumPy: onnxruntime's CPU Cast takes no float8
+def test_values_without_an_arena_are_loose_on_the_flat_path():  # NumPy: onnxruntime's CPU Cast takes no float8
     backend = "numpy"
     ml_dtypes = pytest.importorskip("ml_dtypes")
     float8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -528,20 +526,16 @@ def test_values_without_an_arena_take_the_general_path():  # NumPy: onnxruntime'
             low = batch.record("Cast", [batch.constant(x)], [(D,)], [float8], attributes(to=TensorProto.FLOAT8E4M3FN))[0]
             outs.append(batch.record("Cast", [low], [(D,)], [np.dtype(np.float32)], attributes(to=TensorProto.FLOAT))[0])
         values = batch.run(outs)
-        assert batch.general_path_reason is not None and "float8" in batch.general_path_reason
-        assert_general_ran(batch)
+        assert_flat_ran(batch)
+        # float8 values are kept one by one (NumPy holds them only through ml_dtypes): each Cast
+        # that makes or reads one runs alone, and the report says why.
+        assert batch.reports[-1].alone == {"Cast: FLOAT8E4M3FN[4] values are not stacked": 6}
         for value, x in zip(values, data):
             assert_same(value, x.astype(float8).astype(np.float32))
-        # the same batch, a later run the flat path covers: back on it, the reason cleared
-        later = ops.tanh(ops.matmul(batch.constant(data[0]), F["W"]))
-        assert_same(later.numpy(), np.tanh(data[0] @ F["W"].array))
-        assert_flat_ran(batch)
-        assert len(batch.reports) == 2
 
 
 def test_flat_false_always_takes_the_general_path():
     got, batch = batched(rnn, sequences([2, 3], seed=5), flat_path=False)
-    assert batch.general_path_reason is None
     assert_general_ran(batch)
     for value, sequence in zip(got, sequences([2, 3], seed=5)):
         assert_same(value, rnn_reference(sequence))
@@ -763,7 +757,6 @@ def test_a_cell_calling_a_random_op_is_neither_batched_nor_merged(flat_path):
     with Batch(flat=flat_path) as batch:
         shared = batch.parameter(F["S"])  # the same input for every instance: duplicates, if random were ignored
         draws = batch.run([noisy(shared) for _ in range(4)])
-    assert batch.general_path_reason is None
     report = batch.reports[-1]
     assert report.merged_duplicates == 0 and report.launches == 4 == report.fallback_nodes
     assert len({v.tobytes() for v in draws}) == 4  # four independent draws
