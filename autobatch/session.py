@@ -12,12 +12,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 import onnx
-from onnx import ModelProto
+from onnx import ModelProto, helper
 
 from autobatch.backends import FeedError, Interpreter, evaluate
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.flat_executor import FlatExecutor, onnxruntime_template
 from autobatch.backends.interpreter import check_feeds
+from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
@@ -283,18 +284,9 @@ class InferenceSession:
         entry = self._flat_plans.get(key) if key is not None else None
         cached = entry is not None
         if entry is None:
-            pieces = [self._records_of(feeds) for feeds in checked]
-            records, producer, weights = mix_records(pieces)
-            wanted = [_plan_name(k, name, producer, weights) for k in range(len(checked)) for name in names]
-            producers = [producer[name] for name in wanted if name in producer]
-            # What a plan learns of record keys holds while their constants keep their values:
-            # not across unrolled instances, whose constants are their own.
-            known = self._known_records if key is not None else None
-            plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
-                                self.graph.opset_imports, self.batching.scheduler_name, known)
-            entry = _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
-            seconds["build"] = time.perf_counter() - start - sum(plan.report.seconds.values())
-            seconds.update(plan.report.seconds)
+            entry = self._flat_plan(key, checked, union_feeds, names)
+            seconds["build"] = time.perf_counter() - start - sum(entry.plan.report.seconds.values())
+            seconds.update(entry.plan.report.seconds)
             if key is not None:
                 self._flat_plans[key] = entry
         begin = time.perf_counter()
@@ -304,6 +296,39 @@ class InferenceSession:
         self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=len(entry.plan.steps),
                                   seconds=seconds)
         return found
+
+    def _flat_plan(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
+                   names: list[str]) -> _FlatPlan:
+        pieces = [self._records_of(feeds) for feeds in checked]
+        records, producer, weights = mix_records(pieces)
+        wanted = [plan_name(k, name, producer, weights) for k in range(len(checked)) for name in names]
+        producers = [producer[name] for name in wanted if name in producer]
+        # What a plan learns of record keys holds while their constants keep their values:
+        # not across unrolled instances, whose constants are their own.
+        known = self._known_records if key is not None else None
+        plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
+                            self.graph.opset_imports, self.batching.scheduler_name, known)
+        return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
+
+    def plan_model(self, feeds_list: Sequence[Mapping[str, Any]]) -> ModelProto:
+        """The plan of these instances lowered to one ONNX model (``backends.lowering``): input
+        ``i{k}/name`` is instance k's input ``name``, output ``i{k}/name`` its output. It
+        holds for inputs of these shapes (and, with control flow, these values)."""
+        checked = [check_feeds(self.graph, feeds) for feeds in feeds_list]
+        union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
+        names = list(self.graph.outputs)
+        entry = self._flat_plan(None, checked, union_feeds, names)
+        inputs = [helper.make_value_info(name, type_of_value(value).proto) for name, value in union_feeds.items()]
+        outputs = []
+        for k, feeds in enumerate(checked):
+            typed = self._typed_graph(feeds)
+            for name in names:
+                vtype = typed.values[name].type
+                info = helper.make_value_info(f"i{k}/{name}", vtype.proto) if vtype is not None \
+                    else helper.make_empty_tensor_value_info(f"i{k}/{name}")
+                outputs.append((info, entry.located[len(outputs)]))
+        return lower_plan(entry.plan, inputs, {name: name for name in union_feeds}, outputs, entry.weights,
+                          self.graph.opset_imports, f"{self.graph.name}/plan")
 
     def _records_of(self, feeds: Mapping[str, Any]) -> InstanceRecords:
         """The typed graph of an instance with these feeds as records, made once per input
@@ -353,15 +378,7 @@ class InferenceSession:
         key = _input_signature(feeds)
         graph = self._typed.get(key)
         if graph is None:
-            graph = Graph.union([self.graph], rename=lambda _k, name: name)
-            constants_to_initializers(graph)
-            for value in graph.values.values():  # declared shapes are hints: they would size slots
-                if value.const is None and value.type is not None:
-                    value.type = ValueType(_without_shapes(value.type.proto))
-            for name, value in feeds.items():
-                graph.values[name].type = type_of_value(value)
-            graph.infer_shapes()
-            self._typed[key] = graph
+            graph = self._typed[key] = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()})
         return graph
 
 
@@ -461,6 +478,20 @@ class _NodeBudget:
             total -= len(oldest)
 
 
+def typed_instance(graph: Graph, input_types: Mapping[str, ValueType]) -> Graph:
+    """A copy of ``graph`` (Constant nodes made initializers) with these input types and every
+    other value's shape inferred from them: declared shapes are hints, which would size slots."""
+    graph = Graph.union([graph], rename=lambda _k, name: name)
+    constants_to_initializers(graph)
+    for value in graph.values.values():
+        if value.const is None and value.type is not None:
+            value.type = ValueType(_without_shapes(value.type.proto))
+    for name, vtype in input_types.items():
+        graph.values[name].type = vtype
+    graph.infer_shapes()
+    return graph
+
+
 def _without_shapes(proto: onnx.TypeProto) -> onnx.TypeProto:
     """The type with its tensors' shapes left out (element types kept)."""
     bare = onnx.TypeProto()
@@ -487,7 +518,7 @@ def _is_constant(graph: Graph, name: str) -> bool:
     return node is not None and node.op_type == "Constant" and not node.domain and constant_value(node) is not None
 
 
-def _plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[str, Any]) -> str:
+def plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[str, Any]) -> str:
     """What a batch's records call output ``name`` of instance k: ``i{k}/name``, but for a
     constant every instance shares."""
     own = f"i{k}/{name}"

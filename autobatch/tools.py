@@ -18,14 +18,15 @@ import onnx
 from autobatch.arrays import array_from_json
 from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, new_session, session_options
-from autobatch.batcher import BatchingPass, build_problem, get_scheduler
+from autobatch.backends.lowering import lower_plan
+from autobatch.batcher import build_problem, get_scheduler
+from autobatch.batcher.flat import instance_records, mix_records, plan_records
 from autobatch.batcher.problem import UNBATCHABLE
 from autobatch.batcher.rewrite import refusal
-from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
-from autobatch.session import InferenceSession, batched_else_alone, each_alone
+from autobatch.session import InferenceSession, batched_else_alone, each_alone, plan_name, typed_instance
 
 Print = Callable[[str], None]
 RANDOM_FEED_ELEMENTS = 10**8  # the most elements a made-up input may have
@@ -70,7 +71,7 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
         for name in names:
             out(f"  {kind:<6} {name}: {_type_text(graph, name)}")
     out("  ops: " + ", ".join(f"{op} x{n}" for op, n in op_counts(graph).most_common()))
-    one = as_one_instance(graph)
+    one = typed_instance(graph, {})
     classes = Counter(node_signature(one, n) for n in one.nodes.values())
     out(f"  signature classes in one instance: {len(classes)} ({classes.get(None, 0)} nodes without static shapes)")
     for signature, count in classes.most_common(5):
@@ -108,32 +109,45 @@ class RewriteResult:
     max_difference: float | None = None
 
 
-def as_one_instance(graph: Graph) -> Graph:
-    """A copy whose nodes all belong to one instance (so computed values are that instance's
-    data, not values shared across instances) and whose Constant nodes are shared values."""
-    work = Graph.union([graph], rename=lambda _k, name: name)
-    constants_to_initializers(work)
-    return work
-
-
 def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     """Batch the isomorphic nodes inside one graph (parallel branches: K copies of a cell,
-    the unrolled per-example loop of an exporter). Inputs and outputs keep their names,
-    order and types. A graph that batching would only make larger comes back unchanged."""
-    result = BatchingPass(scheduler)(as_one_instance(graph)).graph
-    if len(result) >= len(graph):
+    the unrolled per-example loop of an exporter) by the flat plan, lowered to one ONNX graph
+    (``backends.lowering``). Inputs and outputs keep their names, order and types. A graph
+    whose inputs' shapes are not all fixed (the plan needs them), or that batching would
+    leave with as many compute ops (``compute_ops``), comes back unchanged."""
+    types = {name: graph.values[name].type for name in graph.inputs}
+    if not all(vtype is not None and vtype.is_tensor and vtype.is_static for vtype in types.values()):
         return graph
-    for name in [*graph.inputs, *graph.outputs]:
-        result.values[name].type = graph.values[name].type
-    result.name = graph.name
-    return result
+    typed = typed_instance(graph, types)
+    records, producer, weights = mix_records([instance_records(typed)])
+    wanted = [plan_name(0, name, producer, weights) for name in graph.outputs]
+    literals = {f"i0/{name}": np.broadcast_to(np.zeros((), vtype.dtype), vtype.shape)  # only their types are read
+                for name, vtype in types.items()}
+    plan = plan_records(records, wanted, [producer[name] for name in wanted if name in producer], weights, literals,
+                        graph.functions, graph.opset_imports, scheduler)
+    exported = to_onnx(graph, check=False)
+    outputs = [(info, plan.locations[name]) for info, name in zip(exported.graph.output, wanted)]
+    model = lower_plan(plan, exported.graph.input, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,
+                       graph.opset_imports, graph.name)
+    result = from_onnx(model)
+    return result if compute_ops(result) < compute_ops(graph) else graph
+
+
+# Ops that only move or reshape data (what the lowering adds to read and write rows): a graph
+# worth batching has fewer of the others.
+DATA_MOVEMENT_OPS = frozenset({"Concat", "Constant", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Slice",
+                               "Split", "Squeeze", "Transpose", "Unsqueeze"})
+
+
+def compute_ops(graph: Graph) -> int:
+    return sum(node.op_type not in DATA_MOVEMENT_OPS for node in graph.nodes.values())
 
 
 def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print) -> RewriteResult:
     graph = from_onnx(source)
     batched = batch_one_graph(graph, scheduler)
     if batched is graph:
-        out("nothing worth batching: the batched graph would not be smaller; written unchanged")
+        out("nothing worth batching (inputs of unfixed shape, or no fewer compute ops batched); written unchanged")
     model = to_onnx(batched)
     onnx.save(model, target)
     result = RewriteResult(op_counts(graph), op_counts(batched))

@@ -1,0 +1,70 @@
+"""The plan lowered to one ONNX graph (``backends.lowering``): what ``InferenceSession.plan_model``
+gives and ``autobatch rewrite`` writes equals each instance alone, run by onnxruntime itself."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from autobatch import InferenceSession
+from autobatch.ir import from_onnx, to_onnx
+from autobatch.tools import batch_one_graph, compute_ops, random_feeds
+from benchmarks.rewrite_branches import encoder_branches, lstm_tagger_branches
+from tests.fuzz import instances, random_program
+from tests.oracle import assert_same
+
+
+
+def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}  # inputs no output reads are pruned
+    return dict(zip([o.name for o in session.get_outputs()],
+                    session.run(None, {name: value for name, value in feeds.items() if name in wanted})))
+
+
+@pytest.mark.parametrize("seed", range(0, 600, 10))  # every tenth has an instance without rows
+def test_the_lowered_plan_of_a_random_program_equals_each_instance_alone(seed):
+    model, _ = random_program(seed)
+    rng = np.random.default_rng(seed)
+    lengths = [int(n) for n in rng.integers(1, 7, int(rng.integers(2, 7)))]
+    lengths[0] = 0 if seed % 20 == 0 else lengths[0]
+    batch = instances(rng, lengths)
+    session = InferenceSession(model, backend="onnxruntime")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            alone = [session.run(None, feeds) for feeds in batch]
+        except Exception:  # noqa: BLE001 - onnxruntime cannot run the program alone: nothing to compare
+            pytest.skip("the random program does not run alone on onnxruntime")
+    got = run_model(session.plan_model(batch), {f"i{k}/{name}": value for k, feeds in enumerate(batch)
+                                                for name, value in feeds.items()})
+    for k, outputs in enumerate(alone):
+        for name, want in zip(session.graph.outputs, outputs):
+            assert_same(got[f"i{k}/{name}"], want, what=f"instance {k} output {name}")
+
+
+LENGTHS = [3, 7, 1, 5, 4, 6, 2, 5]
+
+
+@pytest.mark.parametrize("build, at_most", [
+    (lambda lengths: lstm_tagger_branches(lengths, 6, 5), {"LSTM": 2, "MatMul": 1}),  # a packed launch a layer
+    (lambda lengths: encoder_branches(lengths, 6), {"MatMul": 4 + 2 * len(LENGTHS), "Relu": 1}),  # Q, K, V, F ragged
+])
+def test_rewrite_of_branches_of_different_lengths_batches_them(build, at_most):
+    model = build(LENGTHS)
+    graph = from_onnx(model)
+    rewritten = batch_one_graph(graph)
+    assert rewritten is not graph and compute_ops(rewritten) < compute_ops(graph)
+    counts = Counter(node.op_type for node in rewritten.nodes.values())
+    for op, most in at_most.items():
+        assert counts[op] <= most, counts
+    feeds = random_feeds(graph, np.random.default_rng(1))
+    want, got = run_model(to_onnx(graph), feeds), run_model(to_onnx(rewritten), feeds)
+    assert list(got) == list(want)  # the outputs, in order, by name
+    for name in want:
+        assert_same(got[name], want[name], what=name)
