@@ -21,7 +21,8 @@ from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
-from autobatch.backends.ort_runtime import SessionCache, might_abort_onnxruntime
+from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime
+from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, instance_records, mix_records, plan_records
 from autobatch.batcher.constants import constant_value, constants_to_initializers
@@ -57,6 +58,7 @@ class SessionStats:
     sessions_created: int = 0
     cache_hits: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    whole_plan: bool = False  # the plan ran as one onnxruntime session (``backends.whole_plan``)
 
     @property
     def copies_avoided(self) -> int:
@@ -64,7 +66,7 @@ class SessionStats:
 
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
-        cached = " (cached plan)" if self.plan_cached else ""
+        cached = " (cached plan" + (", one onnxruntime session)" if self.whole_plan else ")") if self.plan_cached else ""
         return (f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed, "
                 f"{self.sessions_created} sessions created, {self.cache_hits} cache hits; {timing}")
 
@@ -113,6 +115,8 @@ class _FlatPlan:
     plan: FlatPlan
     weights: dict[str, np.ndarray]
     located: list[tuple[int, Any]]  # where each wanted value is, instance by instance
+    uses: int = 0
+    whole_refusal: str | None = None  # why it does not run as one onnxruntime session
 
 
 @dataclass
@@ -135,7 +139,8 @@ class InferenceSession:
 
     def __init__(self, model: ModelProto | Graph | bytes | str, sess_options: Any = None,
                  providers: Sequence[str] | None = None, *, backend: str | None = None, scheduler: str = "level",
-                 threads: int | None = None, flat: bool = True, max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> None:
+                 threads: int | None = None, flat: bool = True, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
+                 whole_plans: int = WHOLE_PLANS_KEPT) -> None:
         """Called as onnxruntime's is: ``InferenceSession(path, sess_options, providers)``, where
         ``sess_options`` is an ``onnxruntime.SessionOptions`` (its ``intra_op_num_threads`` is
         read) and giving ``providers`` (or options) means the onnxruntime backend. ``backend``:
@@ -144,7 +149,9 @@ class InferenceSession:
         ``autobatch.Batch``); False always builds, rewrites and runs the batched IR graph.
         ``max_unrolled_nodes``: the most nodes an instance's If, Loop and Scan may unroll into
         (``check``, ``run`` and ``run_batch`` refuse an instance past it), so that a trip count
-        given with the feeds cannot make a run of any size."""
+        given with the feeds cannot make a run of any size. ``whole_plans``: on onnxruntime, the
+        mixes of input shapes whose plan, once used again, runs as one session
+        (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step)."""
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -170,6 +177,7 @@ class InferenceSession:
         # input signatures, but not with control flow, where each instance unrolls by its values.
         self._flat = flat_executor(backend, threads, providers) if flat else None
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
+        self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
 
@@ -289,13 +297,40 @@ class InferenceSession:
             seconds.update(entry.plan.report.seconds)
             if key is not None:
                 self._flat_plans[key] = entry
+        entry.uses += 1
         begin = time.perf_counter()
-        values = self._flat.run(entry.plan, entry.weights, union_feeds)
-        found = [values[location] for location in entry.located]  # views of this run's arenas
+        whole = self._whole_plan(key, entry, checked, union_feeds, names) if entry.uses >= WHOLE_PLAN_AFTER else None
+        seconds["prepare"] = time.perf_counter() - begin
+        begin = time.perf_counter()
+        if whole is not None:
+            found = whole.run(union_feeds)
+        else:
+            values = self._flat.run(entry.plan, entry.weights, union_feeds)
+            found = [values[location] for location in entry.located]  # views of this run's arenas
         seconds["execute"] = time.perf_counter() - begin
-        self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=len(entry.plan.steps),
-                                  seconds=seconds)
+        self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=1 if whole else len(entry.plan.steps),
+                                  seconds=seconds, whole_plan=whole is not None)
         return found
+
+    def _whole_plan(self, key: tuple | None, entry: _FlatPlan, checked: list[dict[str, Any]],
+                    union_feeds: dict[str, Any], names: list[str]) -> WholePlan | None:
+        """A kept plan's one onnxruntime session (``backends.whole_plan``), made on its second
+        use; None on NumPy, for a plan not kept, or one that cannot run so (said once in the log)."""
+        if self.backend != "onnxruntime" or key is None or not self._whole_plans.size or entry.whole_refusal is not None:
+            return None
+        whole = self._whole_plans.get(key)
+        if whole is None:
+            entry.whole_refusal = whole_plan_refusal(entry.plan)
+            if entry.whole_refusal is None:
+                try:
+                    whole = WholePlan(self._lowered(entry, checked, union_feeds, names), self.cache)
+                except UnsupportedByOnnxruntime as error:
+                    entry.whole_refusal = str(error)
+            if whole is None:
+                log.info("a batch plan of %s runs step by step: %s", self.graph.name, entry.whole_refusal)
+                return None
+            self._whole_plans[key] = whole
+        return whole
 
     def _flat_plan(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
                    names: list[str]) -> _FlatPlan:
@@ -317,7 +352,10 @@ class InferenceSession:
         checked = [check_feeds(self.graph, feeds) for feeds in feeds_list]
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
         names = list(self.graph.outputs)
-        entry = self._flat_plan(None, checked, union_feeds, names)
+        return self._lowered(self._flat_plan(None, checked, union_feeds, names), checked, union_feeds, names)
+
+    def _lowered(self, entry: _FlatPlan, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
+                 names: list[str]) -> ModelProto:
         inputs = [helper.make_value_info(name, type_of_value(value).proto) for name, value in union_feeds.items()]
         outputs = []
         for k, feeds in enumerate(checked):

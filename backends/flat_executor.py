@@ -102,19 +102,24 @@ class OrtTemplate:
         return self._session(model)
 
 
-def onnxruntime_template(template: Template, cache: SessionCache) -> TemplateRun:
-    """A template's runner on onnxruntime: its sessions, or the NumPy interpreter for a solo
-    template onnxruntime's Python API cannot take (a loose sequence, optional, bfloat16 or
-    float8 value, a value of unknown type) or with a subgraph (whose body names the template
-    does not own)."""
+def runs_on_onnxruntime(template: Template) -> bool:
+    """False for a solo template onnxruntime's Python API cannot take (a loose sequence,
+    optional, bfloat16 or float8 value, a value of unknown type) or with a subgraph (whose body
+    names the template does not own): the NumPy interpreter runs it."""
     graph = template.graph
     inputs = (graph.values[name].type for name in graph.inputs)
     outputs = (graph.values[name].type for name in graph.outputs)
     takes = all(vtype is not None and vtype.is_tensor and vtype.elem_type not in NUMPY_LESS_TYPES for vtype in inputs) \
         and all(vtype is None or vtype.is_tensor and vtype.elem_type not in NUMPY_LESS_TYPES for vtype in outputs)
-    if takes and not any(True for node in graph.nodes.values() for _ in node.subgraphs()):
-        return OrtTemplate(graph, cache, ranks_only=template.solo)
-    return Interpreter(graph).run_trusted
+    return takes and not any(True for node in graph.nodes.values() for _ in node.subgraphs())
+
+
+def onnxruntime_template(template: Template, cache: SessionCache) -> TemplateRun:
+    """A template's runner on onnxruntime: its sessions, or the NumPy interpreter where
+    ``runs_on_onnxruntime`` says no."""
+    if runs_on_onnxruntime(template):
+        return OrtTemplate(template.graph, cache, ranks_only=template.solo)
+    return Interpreter(template.graph).run_trusted
 
 
 class FlatExecutor:

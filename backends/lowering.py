@@ -441,8 +441,8 @@ def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: 
                outputs: Sequence[tuple[onnx.ValueInfoProto, tuple[int, Any]]], weights: Mapping[str, np.ndarray],
                opset_imports: Mapping[str, int], name: str = "batched") -> onnx.ModelProto:
     """One ONNX model computing what ``plan`` computes: its graph ``inputs`` give the literals
-    (``literals``: the plan's name of each -> the input's), ``weights`` become initializers, and
-    each output is the value at its plan location. Every step is inlined: the model holds only
+    (``literals``: the plan's name of each -> the input's), the ``weights`` it reads become
+    initializers, and each output is the value at its plan location. Every step is inlined: the model holds only
     ONNX ops (and the source model's own functions, inlined too)."""
     lowering = _Lowering(plan, inputs, literals, weights, opset_imports.get("", 1))
     for step in plan.steps:

@@ -68,3 +68,34 @@ def test_rewrite_of_branches_of_different_lengths_batches_them(build, at_most):
     assert list(got) == list(want)  # the outputs, in order, by name
     for name in want:
         assert_same(got[name], want[name], what=name)
+
+
+def test_a_mix_seen_again_runs_as_one_onnxruntime_session():
+    model = lstm_tagger_branches([4], 6, 5)  # one branch: an instance is a sentence
+    session = InferenceSession(model, backend="onnxruntime")
+    rng = np.random.default_rng(2)
+    batch = [{"x0": rng.standard_normal((4, 1, 6)).astype(np.float32)} for _ in range(3)]
+    first = session.run_batch(None, batch)
+    assert not session.stats.whole_plan and session.stats.launches > 1  # step by step, the first time
+    again = [{"x0": rng.standard_normal((4, 1, 6)).astype(np.float32)} for _ in range(3)]
+    second = session.run_batch(None, again)
+    assert session.stats.whole_plan and session.stats.launches == 1
+    assert "one onnxruntime session" in str(session.stats)
+    for outputs, feeds in zip(second, again):
+        assert_same(outputs[0], session.run(None, feeds)[0])
+    assert not np.allclose(first[0][0], second[0][0])  # this batch's values, not the last one's
+
+
+def test_a_plan_with_a_step_onnxruntime_cannot_take_stays_step_by_step(caplog):
+    model = onnx.parser.parse_model("""<ir_version: 9, opset_import: ["" : 21]> g (float[N, 4] x) => (float[N, 4] y) {
+        f = Cast<to = 17>(x)
+        y = Cast<to = 1>(f) }""")  # float8 values: onnxruntime's Python API takes none
+    session = InferenceSession(model, backend="onnxruntime")
+    batch = [{"x": np.full((n, 4), 0.5, np.float32)} for n in (1, 2)]
+    with caplog.at_level("INFO", logger="autobatch"):
+        for _ in range(3):
+            got = session.run_batch(None, batch)
+    assert not session.stats.whole_plan
+    assert "runs step by step: solo_Cast runs on the NumPy interpreter" in caplog.text
+    assert caplog.text.count("runs step by step") == 1  # said once, not every batch
+    assert_same(got[1][0], batch[1]["x"])
