@@ -25,7 +25,7 @@ from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntim
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import FlatPlan, InstanceRecords, instance_records, mix_records, plan_records
-from autobatch.batcher.constants import constant_value, constants_to_initializers
+from autobatch.batcher.constants import constant_value, constants_to_initializers, fold_known_values
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
 from autobatch.ir import Graph, Recent, ValueType, from_onnx
@@ -38,6 +38,7 @@ BACKENDS = ("numpy", "onnxruntime")
 CONTROL_FLOW = ("If", "Loop", "Scan")
 # A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
 WHOLE_PLAN_AFTER = 2
+FOLD_ROUNDS = 8  # rounds of folding what the input types decide, then inferring shapes again
 # What a session keeps, most recently used first: a long-running server meets ever new input
 # shapes and mixes of them, and unbounded caches would only grow.
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
@@ -527,6 +528,10 @@ def typed_instance(graph: Graph, input_types: Mapping[str, ValueType]) -> Graph:
     for name, vtype in input_types.items():
         graph.values[name].type = vtype
     graph.infer_shapes()
+    for _ in range(FOLD_ROUNDS):  # what folding makes known (a reshape's target) may make more shapes known
+        if not fold_known_values(graph, evaluate):
+            break
+        graph.infer_shapes()
     return graph
 
 

@@ -17,7 +17,7 @@ import onnx
 
 from autobatch.arrays import array_from_json
 from autobatch.backends import FeedError
-from autobatch.backends.ort_runtime import CPU, new_session, session_options
+from autobatch.backends.ort_runtime import CPU, UnsupportedByOnnxruntime, new_session, session_options
 from autobatch.backends.lowering import lower_plan
 from autobatch.batcher import build_problem, get_scheduler
 from autobatch.batcher.flat import instance_records, mix_records, plan_records
@@ -71,24 +71,54 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
         for name in names:
             out(f"  {kind:<6} {name}: {_type_text(graph, name)}")
     out("  ops: " + ", ".join(f"{op} x{n}" for op, n in op_counts(graph).most_common()))
-    one = typed_instance(graph, {})
+    one = typed_instance(graph, {name: graph.values[name].type for name in graph.inputs})
     classes = Counter(node_signature(one, n) for n in one.nodes.values())
     out(f"  signature classes in one instance: {len(classes)} ({classes.get(None, 0)} nodes without static shapes)")
     for signature, count in classes.most_common(5):
         out(f"    {count:>5} x {describe(signature)}")
-    union = None
     if instances > 0:
-        rng = np.random.default_rng(0)
-        session = InferenceSession(graph)
-        union = session.union([random_feeds(graph, rng) for _ in range(instances)])
-        report = session.batching(union).report
-        out(f"  plan for {instances} instances (random sizes for symbolic dimensions): {report}")
-    if draw:
-        if union is None:
-            graph.draw(draw)
-        else:
-            union.draw(draw, plan_view(union, session.batching.scheduler_name))
-        out(f"  drawn to {draw}" + ("" if union is None else f" (the plan of {instances} instances)"))
+        feeds = [random_feeds(graph, np.random.default_rng(0)) for _ in range(instances)]
+        plan = _inspect_plan(graph, feeds, out)
+        if draw:
+            from_onnx(plan).draw(draw)
+            out(f"  drawn to {draw} (the plan of {instances} instances as it runs, lowered to one graph)")
+    elif draw:
+        graph.draw(draw)
+        out(f"  drawn to {draw}")
+
+
+def _inspect_plan(graph: Graph, feeds: list[dict[str, np.ndarray]], out: Print) -> onnx.ModelProto:
+    """The plan ``run_batch`` makes and runs for these instances, printed with its time beside
+    onnxruntime's one instance at a time; returns it lowered to one ONNX graph."""
+    try:
+        session = InferenceSession(graph, backend="onnxruntime")
+        alone = new_session(to_onnx(graph), session_options(threads=0), [CPU])
+    except UnsupportedByOnnxruntime as error:
+        out(f"  onnxruntime cannot run this model ({error}); the plan on the numpy backend:")
+        session, alone = InferenceSession(graph, backend="numpy"), None
+    session.run_batch(None, feeds)
+    report = session.stats.report
+    out(f"  plan for {len(feeds)} instances (random sizes for symbolic dimensions): {report}")
+    out("  launches by op: " + ", ".join(f"{op} {n}" for op, n in Counter(report.launches_by_op).most_common()))
+    if alone is not None:
+        ours = _timed(lambda: session.run_batch(None, feeds))[1]
+        theirs = _timed(lambda: [alone.run(None, instance) for instance in feeds])[1]
+        how = "one onnxruntime session" if session.stats.whole_plan else "step by step"
+        out(f"  verdict: run_batch {ours * 1e3:.3f} ms ({how}), onnxruntime one instance at a time {theirs * 1e3:.3f} ms: "
+            f"{theirs / ours:.2f}x")
+    return session.plan_model(feeds)
+
+
+def _timed(run: Callable[[], Any], repeats: int = 5) -> tuple[Any, float]:
+    """The result of a warm-up run (sessions made, a plan kept and, from its second use, one
+    session), and the fastest of ``repeats`` runs after it, in seconds."""
+    result = run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return result, min(times)
 
 
 def plan_view(graph: Graph, scheduler: str) -> PlanView:
@@ -130,7 +160,8 @@ def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     model = lower_plan(plan, exported.graph.input, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,
                        graph.opset_imports, graph.name)
     result = from_onnx(model)
-    return result if compute_ops(result) < compute_ops(graph) else graph
+    # Against the graph with what its input shapes decide folded: folding is not batching.
+    return result if compute_ops(result) < compute_ops(typed) else graph
 
 
 # Ops that only move or reshape data (what the lowering adds to read and write rows): a graph
@@ -160,6 +191,12 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
         # The original as we export it (an IR version onnxruntime loads), not as it was saved.
         expected, result.latency_before_ms = _ort_run_timed(to_onnx(graph), feeds)
         got, result.latency_after_ms = _ort_run_timed(model, feeds)
+        if batched is not graph and result.latency_after_ms >= result.latency_before_ms:
+            out(f"the batched graph ran slower ({result.latency_after_ms:.3f} ms against {result.latency_before_ms:.3f} ms): "
+                "written unchanged")
+            model = to_onnx(graph)
+            onnx.save(model, target)
+            result.after = op_counts(graph)
         result.max_difference = max(
             (float(np.max(np.abs(e.astype(np.float64) - g))) if e.size else 0.0 for e, g in zip(expected, got)), default=0.0)
         for e, g, name in zip(expected, got, graph.outputs):
@@ -174,13 +211,8 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
 
 def _ort_run_timed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats: int = 20) -> tuple[list[np.ndarray], float]:
     session = new_session(model, session_options(threads=1), [CPU])
-    outputs = session.run(None, feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - start)
-    return outputs, float(np.median(times)) * 1e3
+    outputs, seconds = _timed(lambda: session.run(None, feeds), repeats)
+    return outputs, seconds * 1e3
 
 
 # ----------------------------------------------------------------------------- run

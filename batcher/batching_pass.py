@@ -30,6 +30,7 @@ class BatchReport:
     seconds: dict[str, float] = field(default_factory=dict)  # batching: analyse, schedule, plan/rewrite
     execution: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
     alone: dict[str, int] = field(default_factory=dict)  # "op: why" -> nodes run one at a time
+    launches_by_op: dict[str, int] = field(default_factory=dict)  # flat path: op type -> its steps
 
     @property
     def lower_bound(self) -> int:

@@ -1,11 +1,16 @@
 """Constant nodes become shared values, so that instances read one constant and the batching
-rules see axes and shapes given by Constant nodes as known data."""
+rules see axes and shapes given by Constant nodes as known data; and what an instance's input
+types already decide (shapes, and what is computed from them) is folded into constants."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from autobatch.ir import Graph, Node
+from autobatch.ir.random_ops import NONDETERMINISTIC
 
 _SCALAR_ATTRIBUTES = {
     "value_float": np.float32, "value_floats": np.float32,
@@ -36,3 +41,45 @@ def constants_to_initializers(graph: Graph) -> int:
         graph.add_initializer(node.outputs[0], value)
         folded += 1
     return folded
+
+
+# The most elements a folded value may have: a bigger one (a mask over a long text) stays computed
+# rather than become a constant of every input signature's graph.
+FOLD_LIMIT = 1 << 16
+Evaluate = Callable[[Graph, dict[str, Any]], "list[Any] | None"]  # ``backends.evaluate``
+
+
+def fold_known_values(graph: Graph, evaluate: Evaluate) -> int:
+    """Evaluate now, and make constants of, the nodes whose inputs are all known once the
+    graph's input types are: constants, and the shape of a value whose shape is static (Shape,
+    Size). Exporters compute initial states, position ids, masks and reshape targets from
+    shapes (``Shape -> Gather -> Concat -> ConstantOfShape``); folded, they are data the batching
+    rules read, not per-instance steps. Returns how many nodes were folded."""
+    folded = 0
+    for node in graph.topological_order():
+        if node.domain or node.op_type in NONDETERMINISTIC or node.op_type == "Dropout" or any(True for _ in node.subgraphs()) \
+                or any(name in graph.outputs for name in node.outputs):  # an output stays the instance's own
+            continue
+        values = _known_outputs(graph, node, evaluate)
+        if values is None or any(np.asarray(value).size > FOLD_LIMIT for value in values):
+            continue
+        graph.remove_nodes([node.id])
+        for name, value in zip(node.outputs, values):
+            if name:
+                graph.add_initializer(name, value)
+        folded += 1
+    return folded
+
+
+def _known_outputs(graph: Graph, node: Node, evaluate: Evaluate) -> list[Any] | None:
+    if node.op_type in ("Shape", "Size"):
+        vtype = graph.values[node.inputs[0]].type
+        if vtype is None or not vtype.is_static:
+            return None
+        shape = np.array(vtype.shape, dtype=np.int64)
+        if node.op_type == "Size":
+            return [np.array(shape.prod(), dtype=np.int64)]
+        return [shape[node.attr("start", 0):node.attr("end", None)]]
+    if not node.inputs or any(name and graph.values[name].const is None for name in node.inputs):
+        return None
+    return evaluate(graph.subgraph([node.id]), {})

@@ -30,6 +30,7 @@ raises ``NotFlat``.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections import Counter
@@ -41,6 +42,7 @@ import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.batching_pass import BatchReport
+from autobatch.batcher.constants import FOLD_LIMIT
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
@@ -48,7 +50,7 @@ from autobatch.batcher.ragged import ROW_LOSS, ROW_RESHAPES, SEGMENT_REDUCTIONS,
 from autobatch.batcher.rewrite import EMPTY, MIN_STACKING_OPSET, RANDOM, GraphEmitter
 from autobatch.batcher.rules import Operand, Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
-from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks
+from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks, zero_states
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, Node, ValueType, attribute_value, captured_names, is_nondeterministic
 from autobatch.ir.records import LEAF, Record
@@ -217,8 +219,12 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     # once, and grouping by class is the cheapest way there.
     schedule = depth_schedule(problem) if not problem.depth.any() else get_scheduler(scheduler)(problem)
     scheduled = time.perf_counter()
-    steps = [step for group in schedule for step in planner.steps([records[i] for i in group],
-                                                                   planner.record_class[group[0]])]
+    steps: list[Step] = []
+    launches_by_op: Counter[str] = Counter()
+    for group in schedule:
+        made = planner.steps([records[i] for i in group], planner.record_class[group[0]])
+        steps += made
+        launches_by_op[records[group[0]].op_type] += len(made)
     locations = {name: planner.where(name) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
@@ -232,7 +238,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
-                         alone=dict(reasons))
+                         alone=dict(reasons), launches_by_op=dict(launches_by_op))
     return FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
 
 
@@ -393,11 +399,16 @@ class _Planner:
         padded = list(specs) + [None] * max(0, SEQUENCE_LENS + 1 - len(specs))
         padded[0] = ("x", elem_type, ("T", "B", width))
         padded[SEQUENCE_LENS] = ("x", TensorProto.INT32, ("B",))
+        zero = zero_states(record, self.weights)  # left out: the layer starts from zeros without them
+        for k in zero:
+            padded[k] = None
         key = ("sequences", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes),
                tuple(padded), tuple(map(bool, record.outputs)))
         if key not in _templates:
             inputs = [*record.inputs] + [""] * (len(padded) - len(record.inputs))
             inputs[SEQUENCE_LENS] = "lengths"
+            for k in zero:
+                inputs[k] = ""
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, inputs,
                         list(record.outputs), 0, "")
             solo = _build_solo(node, tuple(padded), baked, self.functions, self.opsets)
@@ -754,8 +765,10 @@ def instance_records(graph: Graph) -> InstanceRecords:
                          if name in graph.values)
         preds = sorted({producer[name] for name in (*node.inputs, *(c[0] for c in captured)) if name in producer})
         # The key holds the attributes by content: callers keep what plans learn of keys longer
-        # than these records live, and an id could come back for other attributes.
-        key = (node.domain, node.op_type, attributes_key(node.attributes), entries, captured)
+        # than these records live, and an id could come back for other attributes. So it holds
+        # small constants by content too: one folded from an input's shape has the same name in
+        # the graph of every input signature, but not the same value.
+        key = (node.domain, node.op_type, attributes_key(node.attributes), _signed(entries, weights), captured)
         records.append(Record(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
                               entries, key, preds, captured=captured))
         producer.update((name, i) for name in node.outputs if name)
@@ -780,7 +793,7 @@ def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[s
             entries, key = r.entries, r.key
             if own and any(type(entry) is str and entry in names for entry in entries):
                 entries = tuple(rename(entry, entry) if type(entry) is str else entry for entry in entries)
-                key = (*key[:3], entries, *key[4:])
+                key = (*key[:3], _signed(entries, weights), *key[4:])
             records.append(Record(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
                                   r.attributes, r.types, entries, key, [p + offset for p in r.preds], k,
                                   tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)))
@@ -796,6 +809,20 @@ def _common_weights(weights: Sequence[dict[str, np.ndarray]]) -> dict[str, np.nd
         return first
     return {name: array for name, array in first.items()
             if all(name in other and _alike(array, other[name]) for other in weights[1:])}
+
+
+def _signed(entries: tuple, weights: Mapping[str, np.ndarray]) -> tuple:
+    """Entries as a record key holds them: a constant by its name, and a small one (up to
+    ``FOLD_LIMIT`` elements) by its value too."""
+    return tuple(_constant_key(entry, weights[entry]) if type(entry) is str and entry in weights else entry
+                 for entry in entries)
+
+
+def _constant_key(name: str, array: np.ndarray) -> Hashable:
+    if array.size > FOLD_LIMIT:
+        return name
+    data = repr(array.tolist()).encode() if array.dtype.kind == "O" else np.ascontiguousarray(array).tobytes()
+    return name, array.dtype.str, array.shape, hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _alike(a: np.ndarray, b: np.ndarray) -> bool:

@@ -47,7 +47,7 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
     ``attributes`` its ``attributes_key``."""
     if record.domain:
         return fold_signature(record, attributes)
-    sequences = sequence_signature(record, attributes)
+    sequences = sequence_signature(record, attributes, weights)
     if sequences is not None:
         return sequences
     if record.op_type == ROW_LOSS:

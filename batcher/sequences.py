@@ -14,8 +14,9 @@ WikiNER sentences; LSTM of 256 on 256; 2 threads; ``python -m benchmarks.sequenc
 numbers in benchmarks/README.md): chunks of 8 ran about twice as fast as one padded call of all
 64, and faster than chunks of 4 (smaller products run slower a row) or of 16 and 32 (more padding).
 
-Only the plain case is taken: ``layout`` 0, shared weights, no ``sequence_lens`` and no
-initial states given (a call with them batches by ``batcher.rules`` when the lengths agree).
+Only the plain case is taken: ``layout`` 0, shared weights, no ``sequence_lens``, and initial
+states not given or shared zeros (as exporters write them); a call with others batches by
+``batcher.rules`` when the lengths agree.
 """
 
 from __future__ import annotations
@@ -34,10 +35,17 @@ SEQUENCE_LENS = 4  # the input index of ``sequence_lens``
 PEEPHOLE = 7  # LSTM's ``P``: shared like the weights; the inputs between are initial states
 
 
-def sequence_signature(record: Any, attributes: tuple) -> tuple | None:
+def zero_states(record: Any, weights: Mapping[str, np.ndarray]) -> frozenset[int]:
+    """The input indices of a recurrent record's initial states that are shared zeros: what the
+    layer starts from when they are not given, as exporters write them."""
+    return frozenset(k for k in (SEQUENCE_LENS + 1, SEQUENCE_LENS + 2)
+                     if k < len(record.inputs) and record.inputs[k] in weights and not np.any(weights[record.inputs[k]]))
+
+
+def sequence_signature(record: Any, attributes: tuple, weights: Mapping[str, np.ndarray]) -> tuple | None:
     """The signature of a recurrent record without the length of its sequence, or None when it
-    is not the plain case (see the module). ``record`` is a ``flat.TraceRecord``,
-    ``attributes`` its ``attributes_key``."""
+    is not the plain case (see the module). ``record`` is a ``flat.Record``, ``attributes``
+    its ``attributes_key``."""
     if record.op_type not in RECURRENT or record.domain:
         return None
     x, *shared = record.entries
@@ -45,12 +53,13 @@ def sequence_signature(record: Any, attributes: tuple) -> tuple | None:
         return None
     if any(isinstance(entry, ValueType) for entry in shared):  # per-instance weights, states or lengths
         return None
-    if any(name for k, name in enumerate(record.inputs) if SEQUENCE_LENS <= k < PEEPHOLE):
+    zero = zero_states(record, weights)
+    if any(name for k, name in enumerate(record.inputs) if SEQUENCE_LENS <= k < PEEPHOLE and k not in zero):
         return None
     layout = record.attributes.get("layout")
     if layout is not None and attribute_value(layout) != 0:
         return None
-    entries = (("rows", x.elem_type, x.shape[1:]), *shared)
+    entries = (("rows", x.elem_type, x.shape[1:]), *(None if k in zero else entry for k, entry in enumerate(shared, 1)))
     return ("sequences", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 
 

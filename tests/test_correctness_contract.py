@@ -320,3 +320,18 @@ def test_the_report_says_why_each_node_ran_alone(flat):
     assert alone == {"TopK: no batching rule for TopK": 3, "RandomUniformLike: draws random numbers anew each run": 3}
     assert session.stats.report.fallback_nodes == 6
     assert "3 x TopK: no batching rule for TopK" in str(session.stats.report)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_value_folded_from_a_shape_is_keyed_by_its_value(backend):
+    """``c`` is folded into a constant of each input signature's graph: the same name with
+    another value in each. A plan of one mix taught later plans its first value (fuzzer seeds
+    1000032 and 1000098: a template fed a [1, 8] constant where it declared [3, 8])."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]> g (float[N, 4] x) => (float[N, 4] y) {
+        s = Shape(x)
+        c = ConstantOfShape<value = float[1] {2.0}>(s)
+        y = Add(c, c) }""")  # an output stays computed: an Add of two constants, run once
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(0)
+    for lengths in ([3, 3], [1, 1], [3, 1], [2, 2, 2]):
+        assert_batched_equals_alone(session, [{"x": rng.standard_normal((n, 4)).astype(np.float32)} for n in lengths])
