@@ -209,10 +209,11 @@ def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | Refusal
 
 
 def _broadcast_to_batch(e: Emitter, shared: str, shape: Shape, stacked: str) -> str:
-    """A shared value of ``shape`` repeated for every instance of the batch of ``stacked``."""
-    lifted = e.op("Reshape", [shared, e.const(np.array([1, *shape], dtype=np.int64))])[0]
+    """A shared value of ``shape`` repeated for every instance of the batch of ``stacked``
+    (Expand broadcasts from the right: no reshape to a leading 1 first, whose literal shape
+    would read a 0 of an empty constant as "keep that dimension")."""
     full = e.op("Concat", [_batch_size(e, stacked), e.const(np.array(shape, dtype=np.int64))], {"axis": 0})[0]
-    return e.op("Expand", [lifted, full])[0]
+    return e.op("Expand", [shared, full])[0]
 
 
 def _batch_size(e: Emitter, stacked: str, scalar: bool = False) -> str:

@@ -80,6 +80,8 @@ def compare(name: str, model: onnx.ModelProto, repeats: int) -> None:
         times.append(seconds)
         results.append(outputs)
     difference = max(float(np.max(np.abs(a - b))) for a, b in zip(*results))
+    for want, got in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{name}: the rewritten graph differs")
     print(f"{name:<14}{compute_ops(graph):>9}{compute_ops(rewritten):>9}{times[0] * 1e3:>12.3f}{times[1] * 1e3:>12.3f}"
           f"{times[0] / times[1]:>8.2f}x{difference:>12.2g}")
 

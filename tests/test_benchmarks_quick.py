@@ -58,3 +58,22 @@ def test_onnx_tagger_benchmark_checks_and_compares(capsys) -> None:
     assert "every batched result equals onnxruntime's for its sentence alone" in printed
     for system in ("onnxruntime, one sentence at a time", "ours (onnxruntime), run_batch", "ours (numpy), run_batch"):
         assert system in printed
+    assert "ours (onnxruntime, step by step), run_batch" in printed
+
+
+def test_onnx_encoder_benchmark_checks_and_compares(capsys) -> None:
+    from benchmarks import onnx_encoder
+
+    onnx_encoder.main(["--texts", "5", "--size", "8", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    assert "every batched result equals onnxruntime's for its text alone" in printed
+    for system in ("onnxruntime, one text at a time", "run_batch (one onnxruntime session)", "run_batch (step by step)"):
+        assert system in printed
+
+
+def test_rewrite_branches_benchmark_checks_and_compares(capsys) -> None:
+    from benchmarks import rewrite_branches
+
+    rewrite_branches.main(["--branches", "3", "--size", "8", "--repeats", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("LSTM tagger", "encoder"))]
+    assert len(rows) == 2

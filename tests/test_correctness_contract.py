@@ -335,3 +335,17 @@ def test_a_value_folded_from_a_shape_is_keyed_by_its_value(backend):
     rng = np.random.default_rng(0)
     for lengths in ([3, 3], [1, 1], [3, 1], [2, 2, 2]):
         assert_batched_equals_alone(session, [{"x": rng.standard_normal((n, 4)).astype(np.float32)} for n in lengths])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_empty_constant_concatenated_to_stacked_rows(backend):
+    """Fuzzer seed 4540: a Concat of a [0, 4] constant and each instance's row lifted the constant
+    by Reshape to [1, 0, 4], whose 0 reads as "keep that dimension": [1, 4, 4], and the batch raised."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]> g (float[N, 4] x) => (float[M, 4] y) <float[0, 4] e> {
+        r = ReduceMax<axes = [0], keepdims = 1>(x)
+        y = Concat<axis = 0>(e, r) }""")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros((0, 4), np.float32), "e"))
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(0)
+    batched = assert_batched_equals_alone(session, [{"x": rng.standard_normal((n, 4)).astype(np.float32)} for n in (2, 3, 1)])
+    assert batched[0][0].shape == (1, 4)
