@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
+import onnx
 
 from autobatch.datasets import sst_trees, wikiner_sentences
 from autobatch.examples import bilstm_tagger, tree_lstm
 from autobatch.examples.common import Params
 from autobatch.batch import Batch
 from autobatch.ir import Graph
+from autobatch.ir.onnx_io import choose_ir_version
 
 Workload = tuple[Callable[[Any, Params], Any], Sequence[Any], Params, str]
 
@@ -36,3 +40,15 @@ def traced_graph(workload: Workload) -> Graph:
         graph = batch.graph_of(losses)
         batch.discard()  # nothing is to run
     return graph
+
+
+def with_random_weights(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], seed: int = 0) -> onnx.ModelProto:
+    """``model`` (parsed with its weights declared) given float32 weights of these shapes, drawn
+    with the scale 1/sqrt(last dimension), at an IR version onnxruntime loads, checked."""
+    rng = np.random.default_rng(seed)
+    for name, shape in shapes.items():
+        weight = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, name))
+    model.ir_version = choose_ir_version(model, None)
+    onnx.checker.check_model(model, full_check=True)
+    return model

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from autobatch import InferenceSession, arguments
 from autobatch.datasets import wikiner_sentences
-from autobatch.ir.onnx_io import choose_ir_version
-from benchmarks.timing import timed
+from benchmarks.models import with_random_weights
+from benchmarks.timing import onnxruntime_alone, print_against, timed
 
 THREADS = 2
 BLOCK = ["q = MatMul(x, Q)", "k = MatMul(x, K)", "v = MatMul(x, V)", "kt = Transpose<perm = [1, 0]>(k)",
@@ -43,13 +42,7 @@ def build_model(size: int, layers: int, seed: int = 0) -> onnx.ModelProto:
     encoder (float[N, {size}] x) => (float[N, {size}] y{layers - 1}) <{", ".join(weights)}> {{
     {chr(10).join(lines)}
     }}""")
-    rng = np.random.default_rng(seed)
-    for name in "QKVF":
-        weight = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
-        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, name))
-    model.ir_version = choose_ir_version(model, None)
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return with_random_weights(model, {name: (size, size) for name in "QKVF"}, seed)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,9 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(texts)} texts, lengths {min(lengths)}..{max(lengths)} from {source}; size {args.size}, "
           f"{args.layers} layers, {THREADS} threads; fastest of {args.repeats} runs")
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    alone = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    alone = onnxruntime_alone(model, THREADS)
     ours = {"one onnxruntime session": InferenceSession(model, backend="onnxruntime", threads=THREADS),
             "step by step": InferenceSession(model, backend="onnxruntime", threads=THREADS, whole_plans=0)}
     expected = [alone.run(None, text)[0] for text in texts]
@@ -82,9 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds = {"onnxruntime, one text at a time": timed(lambda: [alone.run(None, t) for t in texts], args.repeats)[1]}
     for name, session in ours.items():
         seconds[f"ours, run_batch ({name})"] = timed(lambda: session.run_batch(None, texts), args.repeats)[1]
-    baseline = seconds["onnxruntime, one text at a time"]
-    for name, value in seconds.items():
-        print(f"  {name:46} {value * 1e3:8.2f} ms   {baseline / value:5.2f}x onnxruntime alone")
+    print_against(seconds, "onnxruntime, one text at a time", lambda value: f"{value * 1e3:8.2f} ms")
     print(f"  run_batch: {ours['one onnxruntime session'].stats}")
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from autobatch import arguments
 from autobatch import InferenceSession
 from autobatch.datasets import wikiner_sentences
-from autobatch.ir.onnx_io import choose_ir_version
-from benchmarks.timing import timed
+from benchmarks.models import with_random_weights
+from benchmarks.timing import onnxruntime_alone, print_against, timed
 
 TAGS = 9
 THREADS = 2
@@ -43,15 +42,9 @@ def build_model(words: int, size: int, seed: int = 0) -> onnx.ModelProto:
         logits = MatMul(hidden, O)
         scores = LogSoftmax<axis=1>(logits)
     }}""")
-    rng = np.random.default_rng(seed)
     shapes = {"E": (words, size), "W": (2, 4 * size, size), "R": (2, 4 * size, size), "B": (2, 8 * size),
               "H": (2 * size, size), "O": (size, TAGS)}
-    for name, shape in shapes.items():
-        weight = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, name))
-    model.ir_version = choose_ir_version(model, None)
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return with_random_weights(model, shapes, seed)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,9 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(sentences)} sentences from {source}: lengths {min(lengths)}..{max(lengths)}, size {args.size}, "
           f"{THREADS} threads; fastest of {args.repeats} runs")
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    alone = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    alone = onnxruntime_alone(model, THREADS)
     ours = {backend: InferenceSession(model, backend=backend, threads=THREADS) for backend in ("onnxruntime", "numpy")}
     ours["onnxruntime, step by step"] = InferenceSession(model, backend="onnxruntime", threads=THREADS, whole_plans=0)
 
@@ -87,9 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds[f"ours ({backend}), one at a time"] = timed(lambda: [session.run(None, i) for i in instances],
                                                                 args.repeats)[1]
         seconds[f"ours ({backend}), run_batch"] = timed(lambda: session.run_batch(None, instances), args.repeats)[1]
-    baseline = seconds["onnxruntime, one sentence at a time"]
-    for name, value in seconds.items():
-        print(f"  {name:50} {len(instances) / value:8.1f} sentences/s   {baseline / value:5.2f}x onnxruntime alone")
+    print_against(seconds, "onnxruntime, one sentence at a time", lambda value: f"{len(instances) / value:8.1f} sentences/s")
     print(f"  run_batch on onnxruntime: {ours['onnxruntime'].stats}")
 
 

@@ -22,6 +22,7 @@ from autobatch.backends.ort_runtime import CPU, new_session, session_options
 from autobatch.datasets import wikiner_sentences
 from autobatch.ir import from_onnx, to_onnx
 from autobatch.tools import batch_one_graph, compute_ops, random_feeds
+from benchmarks.models import with_random_weights
 from benchmarks.timing import timed
 
 THREADS = 2
@@ -32,13 +33,7 @@ def branches_model(body: list[str], inputs: list[str], outputs: list[str],
     shared = ", ".join(f"float[{', '.join(map(str, shape))}] {name}" for name, shape in weights.items())
     text = (f'<ir_version: 9, opset_import: ["" : 18]>\nbranches ({", ".join(inputs)}) => ({", ".join(outputs)})\n'
             f"<{shared}> {{\n" + "\n".join(body) + "\n}")
-    model = onnx.parser.parse_model(text)
-    rng = np.random.default_rng(0)
-    for name, shape in weights.items():
-        scale = 1 / np.sqrt(shape[-1])
-        model.graph.initializer.append(onnx.numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name))
-    onnx.checker.check_model(model)
-    return model
+    return with_random_weights(onnx.parser.parse_model(text), weights)
 
 
 def lstm_tagger_branches(lengths: list[int], d: int, h: int, tags: int = 9) -> onnx.ModelProto:

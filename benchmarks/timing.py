@@ -17,3 +17,18 @@ def timed(run: Callable[[], Any], repeats: int) -> tuple[Any, float]:
         run()
         best = min(best, time.perf_counter() - start)
     return result, best
+
+
+def print_against(seconds: dict[str, float], baseline: str, show: Callable[[float], str]) -> None:
+    """A line a system: its time as ``show`` puts it, and how many times faster than ``baseline``'s."""
+    for name, value in seconds.items():
+        print(f"  {name:50} {show(value)}   {seconds[baseline] / value:5.2f}x onnxruntime alone")
+
+
+def onnxruntime_alone(model: Any, threads: int) -> Any:
+    """onnxruntime's own CPU session of ``model`` (an ``onnx.ModelProto``), on ``threads`` threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

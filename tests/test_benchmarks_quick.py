@@ -50,24 +50,19 @@ def test_sequence_chunks_benchmark_compares_every_variant(capsys) -> None:
     assert sum(line.startswith("chunks of 8, baked") and "1.00x the library's" in line for line in lines) == 2
 
 
-def test_onnx_tagger_benchmark_checks_and_compares(capsys) -> None:
-    from benchmarks import onnx_tagger
+@pytest.mark.parametrize("module, flag, checked, systems", [
+    ("onnx_tagger", "--sentences", "sentence", ("onnxruntime, one sentence at a time", "ours (onnxruntime), run_batch",
+                                                "ours (numpy), run_batch", "ours (onnxruntime, step by step), run_batch")),
+    ("onnx_encoder", "--texts", "text", ("onnxruntime, one text at a time", "run_batch (one onnxruntime session)",
+                                         "run_batch (step by step)")),
+])
+def test_onnx_model_benchmarks_check_and_compare(capsys, module, flag, checked, systems) -> None:
+    import importlib
 
-    onnx_tagger.main(["--sentences", "5", "--size", "8", "--repeats", "1"])
+    importlib.import_module(f"benchmarks.{module}").main([flag, "5", "--size", "8", "--repeats", "1"])
     printed = capsys.readouterr().out
-    assert "every batched result equals onnxruntime's for its sentence alone" in printed
-    for system in ("onnxruntime, one sentence at a time", "ours (onnxruntime), run_batch", "ours (numpy), run_batch"):
-        assert system in printed
-    assert "ours (onnxruntime, step by step), run_batch" in printed
-
-
-def test_onnx_encoder_benchmark_checks_and_compares(capsys) -> None:
-    from benchmarks import onnx_encoder
-
-    onnx_encoder.main(["--texts", "5", "--size", "8", "--repeats", "1"])
-    printed = capsys.readouterr().out
-    assert "every batched result equals onnxruntime's for its text alone" in printed
-    for system in ("onnxruntime, one text at a time", "run_batch (one onnxruntime session)", "run_batch (step by step)"):
+    assert f"every batched result equals onnxruntime's for its {checked} alone" in printed
+    for system in systems:
         assert system in printed
 
 
