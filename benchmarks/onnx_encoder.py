@@ -1,5 +1,5 @@
 """An ONNX encoder of ONE text (``x [N, d]``: self-attention, one head, and a feed-forward layer
-a block), run for many texts of different lengths: onnxruntime one text at a time versus
+a block; scores scaled by 1/sqrt(size)), run for many texts of different lengths: onnxruntime one text at a time versus
 ``InferenceSession.run_batch``, its plan run as one onnxruntime session (from its second use)
 and step by step, side by side.
 
@@ -8,7 +8,8 @@ and step by step, side by side.
 Lengths: the first WikiNER dev sentences (synthetic ones of the same statistics without the
 data). The projections run as ragged launches over every text's rows; the ``[N, N]`` attention
 products, one shape a length, run one launch a length. Every batched result is checked against
-onnxruntime's for that text first.
+onnxruntime's for that text first (float32, with an added absolute error of 1e-5 times the
+text's largest output: a ragged launch puts every text's rows through one larger product).
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ from benchmarks.timing import onnxruntime_alone, print_against, timed
 
 THREADS = 2
 BLOCK = ["q = MatMul(x, Q)", "k = MatMul(x, K)", "v = MatMul(x, V)", "kt = Transpose<perm = [1, 0]>(k)",
-         "a = MatMul(q, kt)", "p = Softmax<axis = -1>(a)", "c = MatMul(p, v)", "r = Add(x, c)", "u = MatMul(r, F)",
+         "a = MatMul(q, kt)", "z = Mul(a, scale)", "p = Softmax<axis = -1>(z)", "c = MatMul(p, v)", "r = Add(x, c)", "u = MatMul(r, F)",
          "t = Relu(u)", "y = Add(r, t)"]
 
 
 def build_model(size: int, layers: int, seed: int = 0) -> onnx.ModelProto:
     lines = []
     for layer in range(layers):  # every value of block ``layer`` is suffixed with it; x is the last block's y
-        rename = {name: f"{name}{layer}" for name in ("q", "k", "v", "kt", "a", "p", "c", "r", "u", "t", "y")}
+        rename = {name: f"{name}{layer}" for name in ("q", "k", "v", "kt", "a", "z", "p", "c", "r", "u", "t", "y")}
         rename["x"] = f"y{layer - 1}" if layer else "x"
         for line in BLOCK:
             out, op = line.split(" = ", 1)
@@ -40,6 +41,7 @@ def build_model(size: int, layers: int, seed: int = 0) -> onnx.ModelProto:
     weights = [f"float[{size}, {size}] {name}" for name in "QKVF"]
     model = onnx.parser.parse_model(f"""<ir_version: 9, opset_import: ["" : 18]>
     encoder (float[N, {size}] x) => (float[N, {size}] y{layers - 1}) <{", ".join(weights)}> {{
+    scale = Constant<value = float {{{1 / np.sqrt(size)}}}>()
     {chr(10).join(lines)}
     }}""")
     return with_random_weights(model, {name: (size, size) for name in "QKVF"}, seed)
@@ -67,7 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     for name, session in ours.items():
         for _ in range(2):  # planned, then the kept plan
             for want, got in zip(expected, session.run_batch(None, texts), strict=True):
-                np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=name)
+                # a ragged launch sums each row in a larger product: the fuzzer's tolerance (README)
+                np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6 + 1e-5 * float(np.abs(want).max()),
+                                           err_msg=name)
     print("every batched result equals onnxruntime's for its text alone")
 
     seconds = {"onnxruntime, one text at a time": timed(lambda: [alone.run(None, t) for t in texts], args.repeats)[1]}
