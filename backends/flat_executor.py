@@ -23,7 +23,7 @@ from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, 
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, SessionCache, declare_ranks_only, new_session, run_session
 from autobatch.ir.records import LEAF
-from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Pieces, Rows, Runs, Step, Template
+from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Pieces, Rows, Runs, Shaped, Step, Template
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
@@ -281,8 +281,7 @@ class Values:
         self.loose = loose
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
-        arena, row = location
-        return self.loose[row] if arena == LOOSE else self.arenas[arena][row, ...]  # views, 0-d ones too
+        return _read(self.arenas, self.loose, *location)
 
 
 class SlotMismatch(NodeExecutionError):
@@ -334,14 +333,16 @@ def _sequence_result(plan: FlatPlan, write: Any, members: int) -> np.ndarray:
 
 def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any:
     """A slice is a view; an index array one gather; an int one member's row (0-d views too);
-    ``Runs`` rows of a block, a value a run; ``Pieces`` values kept in several ways, one by one;
+    ``Runs`` rows of a block, a value a run; ``Shaped`` rows reshaped (a view); ``Pieces``
+    values kept in several ways, one by one;
     a list of literals' names (arena ``LITERALS``) their values stacked; a name (arena
     ``LOOSE``) a loose value as it is."""
     if type(rows) is Runs:
-        block = _read(arenas, loose, arena, rows.rows)
-        return block.reshape(-1, rows.length, *block.shape[1:])
+        return _read(arenas, loose, arena, rows.rows).reshape(-1, *rows.shape)
+    if type(rows) is Shaped:
+        return _read(arenas, loose, arena, rows.rows).reshape(rows.shape)
     if type(rows) is Pieces:
-        return np.stack([arenas[a][r, ...] for a, r in rows])
+        return np.stack([_read(arenas, loose, a, r) for a, r in rows])
     if arena == LOOSE:
         return loose[rows]
     if arena == LITERALS:
@@ -351,9 +352,8 @@ def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any
 
 
 def _concatenated(arenas: list[np.ndarray], loose: Loose, parts: list[tuple[int, Rows]]) -> np.ndarray:
-    """The rows of every member, read group by group (``[members, length, ...]`` each)."""
-    blocks = [_read(arenas, loose, a, rows) for a, rows in parts]
-    rows = [block.reshape(-1, *block.shape[2:]) for block in blocks]
+    """The rows of every member, read group by group (each ``Shaped`` as rows)."""
+    rows = [_read(arenas, loose, a, rows) for a, rows in parts]
     return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
 

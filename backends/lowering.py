@@ -19,7 +19,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Pieces, Runs, Step, Template
+from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Pieces, Runs, Shaped, Step, Template
 from autobatch.batcher.sequences import CHUNK
 from autobatch.ir.onnx_io import choose_ir_version
 from autobatch.ir.records import LEAF
@@ -163,12 +163,12 @@ class _Lowering:
     def read(self, arena: int, rows: Any) -> str:
         """A step's operand, as ``flat_executor._read`` gives it."""
         if type(rows) is Runs:
-            elem_shape = self.plan.kinds[arena][1]
             block = self.read(arena, rows.rows)
-            return self.batched(self.reshaped(block, [-1, rows.length, *elem_shape]), self.lengths[block] // rows.length)
+            return self.batched(self.reshaped(block, [-1, *rows.shape]), self.lengths[block] // rows.length)
+        if type(rows) is Shaped:
+            return self.reshaped(self.read(arena, rows.rows), list(rows.shape))
         if type(rows) is Pieces:
-            parts = [self.unsqueezed(self.row(self.arenas[a][r])) if isinstance(r, int)
-                     else self.unsqueezed(self.made(_pick(self.arenas[a], r))) for a, r in rows]
+            parts = [self.unsqueezed(self.read(a, r)) for a, r in rows]
             return self.batched(parts[0] if len(parts) == 1 else self.node("Concat", parts, axis=0)[0], len(parts))
         if arena == LOOSE:
             return self.loose_value(rows)
@@ -182,29 +182,17 @@ class _Lowering:
             return self.batched(self.constant(np.zeros((0, *shape), helper.tensor_dtype_to_np_dtype(elem_type))), 0)
         return self.made(entries)
 
-    def concatenated(self, parts: list[tuple[int, Any]]) -> str:
+    def concatenated(self, parts: list[tuple[int, Shaped]], groups: list[tuple[int, int]]) -> str:
         """Every member's rows, group by group (``flat_executor._concatenated``)."""
-        pieces, rows_each = [], []
-        for arena, rows in parts:
-            if type(rows) is Runs:
-                entries = _pick(self.arenas[arena], rows.rows)
-                pieces.append(self.made(entries))
-                rows_each.append(len(entries))
-            elif type(rows) is Pieces:  # a value of rows each
-                for a, r in rows:
-                    entries = [self.arenas[a][r]] if isinstance(r, int) else _pick(self.arenas[a], r)
-                    pieces.append(self.row(entries[0]) if isinstance(r, int) else self.made(entries))
-                    rows_each.append(self.plan.kinds[a][1][0] if isinstance(r, int) else len(entries))
-            elif arena == LITERALS:
-                pieces += [self.literals[name] for name in rows]
-                rows_each += [self.shapes[self.literals[name]][0] for name in rows]
-            else:  # a value a row: [members, length, ...] read, its rows one after the other
-                block = self.read(arena, rows)
-                elem_shape = self.plan.kinds[arena][1]
-                pieces.append(self.reshaped(block, [-1, *elem_shape[1:]]))
-                rows_each.append(self.lengths[block] * elem_shape[0])
+        pieces = []
+        for (arena, rows), (length, count) in zip(parts, groups):
+            if type(rows.rows) is Runs and tuple(self.plan.kinds[arena][1]) == rows.shape[1:]:  # a block's rows as it keeps them
+                piece = self.made(_pick(self.arenas[arena], rows.rows.rows))
+            else:
+                piece = self.reshaped(self.read(arena, rows.rows), list(rows.shape))
+            pieces.append(self.batched(piece, length * count))
         joined = pieces[0] if len(pieces) == 1 else self.node("Concat", pieces, axis=0)[0]
-        return self.batched(joined, sum(rows_each))
+        return self.batched(joined, sum(length * count for length, count in groups))
 
     # ------------------------------------------------------------------ templates
     def call(self, template: Template, feeds: Mapping[str, str]) -> list[str]:
@@ -233,7 +221,8 @@ class _Lowering:
         if order is not None:
             stacked = [self.made([entries[m] for m in order]) for entries in order.operands]
         elif step.groups:
-            stacked = [self.concatenated(parts) if isinstance(parts, list) else self.read(*parts) for parts in step.reads]
+            stacked = [self.concatenated(parts, step.groups) if isinstance(parts, list) else self.read(*parts)
+                       for parts in step.reads]
         else:
             stacked = [self.read(a, rows) for a, rows in step.reads]
         outputs: list[Any]

@@ -46,7 +46,7 @@ from autobatch.batcher.constants import FOLD_LIMIT
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
-from autobatch.batcher.ragged import ROW_LOSS, ROW_RESHAPES, SEGMENT_REDUCTIONS, ragged_signature, segment_keepdims
+from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import EMPTY, MIN_STACKING_OPSET, RANDOM, GraphEmitter
 from autobatch.batcher.rules import Operand, Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
@@ -106,6 +106,11 @@ class Template:
     # A loss over rows (``batcher.ragged.ROW_LOSS``): the template gives one value a row, and
     # this reduces each member's run of them.
     segment: RowReduction | None = None
+    # A ragged template's rows run along this axis of its per-instance operands, and along
+    # ``out_axes`` of its outputs (leading axes of 1 before it: ``[1, L, d]``); it reads and
+    # writes them as ``[rows, *row]`` all the same.
+    length_axis: int = 0
+    out_axes: tuple[int, ...] = ()
     # The inputs (named as its subgraphs read them) that a solo template's op reads from
     # outside through its subgraphs, fed after the stacked operands.
     captured: tuple[str, ...] = ()
@@ -123,18 +128,28 @@ class RowReduction:
 
 @dataclass(frozen=True)
 class Runs:
-    """Rows of values kept in a block (``Block``), ``length`` rows each: read as
-    ``[values, length, ...]``."""
+    """Rows of values kept in a block (``Block``), ``length`` rows each, each value of ``shape``:
+    read as ``[values, *shape]``."""
 
     rows: slice | np.ndarray
     length: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """Rows read as ``shape``: one value kept in a block whose rows are not its leading axis
+    (``[1, L, d]`` kept as ``L`` rows of ``[d]``), or values read as rows for a ragged step."""
+
+    rows: Any  # Rows
+    shape: tuple[int, ...]
 
 
 class Pieces(list):
     """(arena, row or run of rows) per value, for values kept in several ways: read one by one."""
 
 
-Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces  # a list: the names of literals (arena ``LITERALS``)
+Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped  # a list: the names of literals (arena ``LITERALS``)
 LITERALS = -1  # the "arena" of reads stacked straight from literal values
 # The "arena" of loose values, kept one by one as they are (a sequence, a bfloat16 array, a
 # tensor whose shape is known once computed); the "row" is the value's name: a loose step's
@@ -228,6 +243,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     locations = {name: planner.where(name) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
+    reads = [rows.rows if isinstance(rows, (Runs, Shaped)) else rows for rows in reads]
     reads = [rows.rows if isinstance(rows, Runs) else rows for rows in reads]
     gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked, or pieces
     views = sum(isinstance(rows, slice) for rows in reads)
@@ -254,6 +270,7 @@ class _Planner:
         self.rows: list[int] = []
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
+        self.shaped: dict[str, tuple[int, ...]] = {}  # the shape of a value in a block that is not [rows, *row]
         self.loose: set[str] = set()  # values loose steps give as they are (``LOOSE``)
         self.literal_runs: list[tuple[int, int, list[str]]] = []
         # per-instance value -> arena << ROW_BITS | row; a literal gets its row when first asked for
@@ -264,6 +281,7 @@ class _Planner:
         self.templates: list[Template | RowReduction | str | None] = []  # per class; None for sums of terms
         self.first_records: list[Record] = []  # per class: its first record
         self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
+        self.one_row: list[list[tuple]] = []  # per class: its signatures as one row (``_kind``)
         self._attributes_keys: dict[int, tuple] = {}
         # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
         # across plans (``InferenceSession``: records kept per input signature), else per plan.
@@ -290,7 +308,7 @@ class _Planner:
         known = self.known.get(record.key)
         if known is None:
             known = self.known[record.key] = self._kind(record)
-        signature, template, ragged = known
+        signature, template, ragged, one_row = known
         cls = self.class_of.get(signature)
         if cls is None:
             cls = self.class_of[signature] = len(self.classes)
@@ -298,6 +316,7 @@ class _Planner:
             self.templates.append(template)
             self.first_records.append(record)
             self.ragged.append(ragged)
+            self.one_row.append(one_row)
         return cls
 
     def _attributes_key(self, attributes: dict[str, AttributeProto]) -> tuple:
@@ -308,9 +327,11 @@ class _Planner:
             key = self._attributes_keys[id(attributes)] = attributes_key(attributes)
         return key
 
-    def _kind(self, record: Record) -> tuple[tuple, Template | str | None, tuple | None]:
-        """A record's signature, its class's template, and its signature without the length of
-        its rows where the op is row-wise (``batcher.ragged``). The template of a row-wise
+    def _kind(self, record: Record) -> tuple[tuple, Template | str | None, tuple | None, list[tuple]]:
+        """A record's signature, its class's template, its signature without the length of its
+        rows where the op is row-wise (``batcher.ragged``), and, for a record whose values may
+        have one row (``[1, d]``, ``[1, 1, d]``), its signatures as such, which other classes may
+        share (``one_row_signatures``). The template of a row-wise
         record is ``_MERGED_OR_NOT`` until its class is known to be merged or not."""
         signature = self._sum_key(record)
         attributes = self._attributes_key(record.attributes)
@@ -319,13 +340,18 @@ class _Planner:
             loose = _loose_reason(record)
             if loose is not None:  # one member at a time, its values as they are
                 captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
-                return (*signature, captured), self._template(record, None, solo=loose), None
+                return (*signature, captured), self._template(record, None, solo=loose), None, []
         if signature[2] == SUM_OF_TERMS:
             # No template, and no ragged signature: the class takes any number of terms, so one
             # member's (its terms counted) would not hold for the others.
-            return signature, None, None
-        ragged = ragged_signature(record, self.weights, self.opsets.get("", 1), attributes)
-        return signature, _MERGED_OR_NOT if ragged is not None else self._own_template(record), ragged
+            return signature, None, None, []
+        opset = self.opsets.get("", 1)
+        ragged = ragged_signature(record, self.weights, opset, attributes)
+        one_row = []
+        if ragged is None or ragged[0] in ("ragged", "reshape"):
+            one_row = [other for other in one_row_signatures(record, self.weights, opset, attributes) if other != ragged]
+        template = _MERGED_OR_NOT if ragged is not None or one_row else self._own_template(record)
+        return signature, template, ragged, one_row
 
     def _own_template(self, record: Record) -> Template | str:
         """The template of a record's own class: its rule's, else the op for one member at a time."""
@@ -345,12 +371,25 @@ class _Planner:
         for cls, signature in enumerate(self.ragged):
             if signature is not None:
                 alike.setdefault(signature, []).append(cls)
+        # A class that may be of one row joins the most classes that its rows may be of (any
+        # choice is right; this one launches least).
+        for cls, one_row in enumerate(self.one_row):
+            own = self.ragged[cls]
+            joins = max((other for other in one_row if other in alike), key=lambda other: len(alike[other]), default=None)
+            if joins is not None and (own is None or len(alike[joins]) >= len(alike[own])):
+                if own is not None:
+                    alike[own].remove(cls)
+                alike[joins].append(cls)
+            elif own is None and one_row:
+                self.templates[cls] = self._own_template(self.first_records[cls])
         merged = list(range(len(self.classes)))
         for signature, classes in alike.items():
+            if not classes:
+                continue
             # A fold or a loss over rows is a ragged step whatever its members' sizes: no rule
             # batches the op itself.
             merge = len(classes) > 1 or signature[0] in ("fold", "loss")
-            template = self._ragged_template(self.first_records[classes[0]]) if merge else None
+            template = self._ragged_template(self.first_records[classes[0]], signature) if merge else None
             if template is None:  # one length, or no ragged template: each class batches as it is
                 for cls in classes:
                     self.templates[cls] = self._own_template(self.first_records[cls])
@@ -363,20 +402,25 @@ class _Planner:
             self.ragged.append(signature)
         return np.array(merged, dtype=np.int64)
 
-    def _ragged_template(self, record: Record) -> Template | RowReduction | None:
+    def _ragged_template(self, record: Record, signature: tuple) -> Template | RowReduction | Fold | None:
         """The op itself over rows of any number (``R``), cached as templates are."""
-        if record.domain:  # a fold: its step is worked out from its members
+        kind = signature[0]
+        if kind == "fold":  # its step is worked out from its members
             return Fold()
-        if record.op_type in SEGMENT_REDUCTIONS:
+        if kind == "segment":
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
             return RowReduction(record.op_type == "ReduceMean", bool(keepdims))
+        if kind == "reshape":
+            return _reshape_template(*signature[1:], self.opsets)
         specs, baked = self._operand_specs(record)
-        if record.op_type in RECURRENT:
+        if kind == "sequences":
             return self._sequences_template(record, specs, baked)
-        rows = tuple(("x", spec[1], ("R", *spec[2][1:])) if spec is not None and spec[0] == "x" else spec
-                     for spec in specs)
+        axis = next(entry[2] for entry in signature[3] if isinstance(entry, tuple)) if kind == "ragged" else 0
+        out_axes = tuple(out[0] if out is not None else 0 for out in signature[4]) if kind == "ragged" else ()
+        rows = tuple(("x", spec[1], (*spec[2][:axis], "R", *spec[2][axis + 1:])) if spec is not None and spec[0] == "x"
+                     else spec for spec in specs)
         key = ("ragged", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes), rows,
-               tuple(map(bool, record.outputs)))
+               tuple(map(bool, record.outputs)), out_axes)
         if key not in _templates:
             attrs, segment = record.attributes, None
             if record.op_type == ROW_LOSS:  # a loss a row, then each member's sum or mean
@@ -386,9 +430,10 @@ class _Planner:
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), attrs, list(record.inputs),
                         list(record.outputs), 0, "")
             solo = _build_solo(node, rows, baked, self.functions, self.opsets)
-            row_shape = tuple(record.types[0].shape[1:]) if record.op_type in ROW_RESHAPES else None
-            _templates[key] = Template(solo.graph, solo.stacked, solo.fed, once=False, ragged=True, row_shape=row_shape,
-                                       segment=segment)
+            outs = [out for out in signature[4] if out is not None] if kind == "ragged" else []
+            graph = _as_rows(solo.graph, axis, outs) if axis or any(out_axes) else solo.graph
+            _templates[key] = Template(graph, solo.stacked, solo.fed, once=False, ragged=True, segment=segment,
+                                       length_axis=axis, out_axes=out_axes)
         template = _templates[key]
         return template if isinstance(template, Template) else None
 
@@ -546,11 +591,12 @@ class _Planner:
         """Members ordered by length (stable: the order of an earlier ragged step over the same
         instances, whose blocks are then read as views)."""
         data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
-        members, lengths, groups, bounds = _by_length(members, data)
+        axis, out_axes = (template.length_axis, template.out_axes) if isinstance(template, Template) else (0, ())
+        members, lengths, groups, bounds = _by_length(members, data, axis)
         inputs = list(zip(*[member.inputs for member in members]))
         sequences = isinstance(template, Template) and template.sequences
         stacked = [data] if isinstance(template, RowReduction) or sequences else template.stacked
-        reads = [self._ragged_read(inputs[i], bounds) for i in stacked]
+        reads = [self._ragged_read(inputs[i], bounds, members[0].entries[i], axis) for i in stacked]
         outputs = list(zip(*[member.outputs for member in members]))
         # A reduction of each member's rows (a ReduceSum or ReduceMean itself, or a loss a row
         # reduced): one output, of one shape, K rows of one arena.
@@ -562,7 +608,7 @@ class _Planner:
             return Step(run, len(members), reads, fed, [self._write(members[0], 0, outputs[0], False)], offsets,
                         groups, segment)
         # Every output a block, but a recurrent layer's final states: one row a member.
-        writes = [self._block(members[0], k, names, lengths) if k == 0 or not sequences
+        writes = [self._block(members[0], k, names, lengths, out_axes[k] if out_axes else 0) if k == 0 or not sequences
                   else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
                     groups=groups)
@@ -570,8 +616,8 @@ class _Planner:
     def _fold_step(self, members: list[Record]) -> Step:
         """Every member's tree at once (``batcher.folds``): ordered by their numbers of leaves,
         their leaf inputs read as one run of rows, their states written as blocks."""
-        members, _, groups, bounds = _by_length(members, 0)
-        leaves = self._ragged_read([member.inputs[0] for member in members], bounds)
+        members, _, groups, bounds = _by_length(members, 0, 0)
+        leaves = self._ragged_read([member.inputs[0] for member in members], bounds, members[0].entries[0], 0)
         matrices = [self.literals.get(member.inputs[1]) for member in members]
         if any(matrix is None for matrix in matrices):
             raise NotFlat("a tree fold's children must be known when traced")
@@ -620,13 +666,17 @@ class _Planner:
             raise NotFlat(f"no batching rule takes cell {call.op_type} (a tree fold batches its cells)")
         return Level(template, [call.inputs[i] for i in template.fed], [operands[i] for i in template.stacked], nodes)
 
-    def _ragged_read(self, names: Sequence[str], bounds: list[int]) -> tuple[int, Rows] | list[tuple[int, Rows]]:
-        """Every member's rows, one after the other: those of one block, else group by group."""
+    def _ragged_read(self, names: Sequence[str], bounds: list[int], vtype: ValueType, axis: int
+                     ) -> tuple[int, Rows] | list[tuple[int, Rows]]:
+        """Every member's rows (along ``axis`` of values of the type ``vtype`` has but for its
+        length), one after the other: those of one block that keeps them as such rows, else group
+        by group."""
+        row = (-1, *vtype.shape[axis + 1:])
         block = self._one_block(names)
-        if block is not None:
+        if block is not None and self.arena_kinds[block[0]][1] == row[1:]:
             arena, starts = block
             return arena, _rows_of_runs(starts, np.array([self.runs[name] for name in names], dtype=np.int64))
-        return [self._rows(names[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+        return [(arena, Shaped(rows, row)) for arena, rows in (self._rows(names[lo:hi]) for lo, hi in zip(bounds, bounds[1:]))]
 
     def _one_block(self, names: Sequence[str]) -> tuple[int, np.ndarray] | None:
         """(the block, where each value's rows start) when every value is in one block; else None."""
@@ -660,7 +710,8 @@ class _Planner:
         if block is not None:
             arena, starts = block
             length = self.runs[names[0]]
-            return arena, Runs(_rows_of_runs(starts, np.full(len(names), length)), length)
+            shape = self.shaped.get(names[0]) or (length, *self.arena_kinds[arena][1])
+            return arena, Runs(_rows_of_runs(starts, np.full(len(names), length)), length, shape)
         return LITERALS, Pieces(self.where(name) for name in names)
 
     def where(self, name: str) -> tuple[int, int | slice | str]:
@@ -671,14 +722,20 @@ class _Planner:
             return LOOSE, name
         arena, row = _place(self.location[name])
         length = self.runs.get(name)
-        return (arena, row) if length is None else (arena, slice(row, row + length))
+        if length is None:
+            return arena, row
+        shape = self.shaped.get(name)
+        return (arena, slice(row, row + length)) if shape is None else (arena, Shaped(slice(row, row + length), shape))
 
-    def _block(self, first: Record, k: int, names: Sequence[str], lengths: list[int]) -> Block:
+    def _block(self, first: Record, k: int, names: Sequence[str], lengths: list[int], axis: int = 0) -> Block:
         """An arena of its own for output ``k`` of a ragged step: each member's rows (as many as
-        its length) after the previous member's."""
+        its length, along ``axis``) after the previous member's."""
         vtype = first.types[k]
         arena = len(self.rows)
-        self.arena_kinds.append((vtype.elem_type, vtype.shape[1:]))
+        row = tuple(vtype.shape[axis + 1:])
+        if axis:
+            self.shaped.update((name, (*vtype.shape[:axis], length, *row)) for name, length in zip(names, lengths))
+        self.arena_kinds.append((vtype.elem_type, row))
         self.rows.append(sum(lengths))
         self.blocks.add(arena)
         starts = itertools.accumulate(lengths, initial=arena << ROW_BITS)
@@ -715,12 +772,12 @@ def _place(location: int) -> tuple[int, int]:
     return location >> ROW_BITS, location & ROW_MASK
 
 
-def _by_length(members: list[Record], data: int) -> tuple[list[Record], list[int], list[tuple[int, int]],
-                                                                list[int]]:
-    """Members ordered by the length of operand ``data`` (stably), their lengths, the groups of
-    one length (length, count) and where each group starts and ends."""
-    members = sorted(members, key=lambda member: member.entries[data].shape[0])
-    lengths = [member.entries[data].shape[0] for member in members]
+def _by_length(members: list[Record], data: int, axis: int) -> tuple[list[Record], list[int], list[tuple[int, int]],
+                                                                           list[int]]:
+    """Members ordered by the length of operand ``data`` along ``axis`` (stably), their
+    lengths, the groups of one length (length, count) and where each group starts and ends."""
+    members = sorted(members, key=lambda member: member.entries[data].shape[axis])
+    lengths = [member.entries[data].shape[axis] for member in members]
     groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
     bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
     return members, lengths, groups, bounds
@@ -987,3 +1044,47 @@ def _add_outputs(graph: Graph, node: Node, results: list[str]) -> None:
 
 def _fed(specs: tuple) -> list[int]:
     return [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"]
+
+
+def _reshape_template(elem_type: int, axis: int, row: tuple[int, ...], out: tuple[int, tuple[int, ...]],
+                      opsets: Mapping[str, int]) -> Template:
+    """A row reshape (``batcher.ragged``): each of ``R`` rows of ``row`` becomes a row of
+    ``out``'s; run as a reshape of the rows (a view) on every backend."""
+    key = ("reshape", elem_type, axis, row, out, opsets.get("", 1))
+    template = _templates.get(key)
+    if template is None:
+        graph = Graph("reshape_rows", {"": opsets.get("", 1)})
+        graph.add_input("x0", ValueType.tensor(elem_type, ["R", *row]))
+        graph.add_initializer("k1", np.array([-1, *out[1]], np.int64))
+        graph.add_node("Reshape", ["x0", "k1"], ["y0"])
+        graph.add_output("y0")
+        template = _templates[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
+                                              length_axis=axis, out_axes=(out[0],))
+    return template  # type: ignore[return-value]
+
+
+def _as_rows(graph: Graph, axis: int, outs: list[tuple[int, tuple[int, ...]]]) -> Graph:
+    """A ragged template over operands whose rows run along a later axis (``[1, R, d]``) as one
+    that reads and writes ``[R, *row]``: a Reshape after each stacked input and of each output
+    (``outs``: each output's axis and row)."""
+    rows = Graph(graph.name, graph.opset_imports)
+    rows.functions = graph.functions
+    inside: dict[str, str] = {}
+    for name in graph.inputs:
+        vtype = graph.values[name].type
+        if name.startswith("x") and vtype is not None and vtype.shape is not None:
+            rows.add_input(name, ValueType.tensor(vtype.elem_type, list(vtype.shape[axis:])))
+            rows.add_initializer(f"{name}/shape", np.array([*vtype.shape[:axis], -1, *vtype.shape[axis + 1:]], np.int64))
+            inside[name] = rows.add_node("Reshape", [name, f"{name}/shape"], [f"{name}/full"]).outputs[0]
+        else:
+            rows.add_input(name, vtype)
+    for name, array in graph.initializers().items():
+        rows.add_initializer(name, array)
+    for node in graph.topological_order():
+        rows.add_node(node.op_type, [inside.get(name, name) for name in node.inputs], node.outputs, node.attributes,
+                      domain=node.domain, version=node.version)
+    for name, (_, row) in zip(graph.outputs, outs):
+        rows.add_initializer(f"{name}/shape", np.array([-1, *row], np.int64))
+        rows.add_node("Reshape", [name, f"{name}/shape"], [f"{name}/rows"])
+        rows.add_output(f"{name}/rows")
+    return rows

@@ -19,7 +19,8 @@ level by level (``batcher.folds``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,14 +38,32 @@ ELEMENTWISE = frozenset({
     "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip",
 })
 SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
-ROW_RESHAPES = frozenset({"Unsqueeze", "Squeeze", "Flatten"})  # row-wise, they only reshape each row
+ROW_RESHAPES = frozenset({"Unsqueeze", "Squeeze", "Flatten", "Reshape", "Identity"})  # they keep the elements in order
+ROW_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceLogSumExp"})
 ROW_LOSS = "SoftmaxCrossEntropyLoss"  # summed (or averaged) over rows: run per row, then a segment reduction
 
 
-def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple) -> tuple | None:
-    """The record's signature without the length of its rows, or None when the op is not
-    row-wise for these operands (see the module). ``record`` is a ``flat.TraceRecord``,
-    ``attributes`` its ``attributes_key``."""
+def rows_of(shape: Sequence[int], axis: int | None = None) -> tuple[int, int, tuple[int, ...]] | None:
+    """``(axis, length, row)`` of a value of ``shape``: its rows run along its first axis that is
+    not 1 (exporters give one instance's values leading axes of 1: ``[1, L, d]``), or along
+    ``axis`` when given, ``length`` of them, each of shape ``row``; None when every axis is 1."""
+    if axis is not None:
+        return (axis, shape[axis], tuple(shape[axis + 1:])) if len(shape) > axis and not any(
+            size != 1 for size in shape[:axis]) else None
+    for axis, size in enumerate(shape):
+        if size != 1:
+            return axis, size, tuple(shape[axis + 1:])
+    return None
+
+
+def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple,
+                     axis: int | None = None, out_axis: int | None = None) -> tuple | None:
+    """The record's signature without the length of its rows (along ``axis`` of every value,
+    when given; else ``rows_of``'s), or None when the op is not row-wise for these operands (see
+    the module). ``record`` is a ``flat.Record``, ``attributes`` its ``attributes_key``. Its
+    per-instance entries are ``("rows", element type, axis, row)``; the last item, per output,
+    ``(axis, row)`` (None for an output not wanted); ``out_axis``: the outputs' axis, when given
+    (else ``axis``)."""
     if record.domain:
         return fold_signature(record, attributes)
     sequences = sequence_signature(record, attributes, weights)
@@ -53,53 +72,127 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
     if record.op_type == ROW_LOSS:
         return _loss_signature(record, attributes)
     data = [(i, entry) for i, entry in enumerate(record.entries) if isinstance(entry, ValueType)]
-    shapes = [entry.shape for _, entry in data]
-    if not shapes or any(not shape for shape in shapes) or any(shape[0] != shapes[0][0] for shape in shapes):
+    runs = [rows_of(entry.shape, axis) if entry.shape is not None else None for _, entry in data]
+    if not runs or None in runs or len({run[:2] for run in runs}) != 1:  # type: ignore[index]
         return None
-    length, rank = shapes[0][0], len(shapes[0])
-    if length == 0:  # no rows: an empty reduction has a value of its own (0, or NaN for a mean)
+    given = axis
+    axis, length, _ = runs[0]  # type: ignore[misc]
+    if length == 0 or any(0 in run[2] for run in runs):  # type: ignore[index]  # no rows: an empty reduction has a value of its own
         return None
-    if record.op_type in SEGMENT_REDUCTIONS:
-        if segment_keepdims(record, weights, opset) is None:
-            return None
-    elif not _row_wise(record, data, rank, weights):
+    if record.op_type in SEGMENT_REDUCTIONS and axis == 0 and segment_keepdims(record, weights, opset) is not None:
+        entries = tuple(("rows", e.elem_type, 0, e.shape[1:]) if isinstance(e, ValueType) else e for e in record.entries)
+        return ("segment", record.op_type, attributes, entries)
+    outs = _output_rows(record, length, given if out_axis is None else out_axis)
+    if outs is None:
         return None
+    if _row_reshape(record, data, runs[0][2], outs):  # type: ignore[index]
+        (_, only), = data
+        return ("reshape", only.elem_type, axis, runs[0][2], outs[0])  # type: ignore[index]
+    if any(out is not None and out[0] != axis for out in outs) or not _row_wise(record, data, axis, weights):
+        return None
+    entries = tuple(("rows", e.elem_type, axis, run[2]) if isinstance(e, ValueType) else e
+                    for e, run in zip(record.entries, _aligned(record.entries, runs)))
+    return ("ragged", record.op_type, attributes, entries, outs)
+
+
+def one_row_signatures(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple) -> list[tuple]:
+    """The signatures of a record whose values are of one row (``[1, 1, d]``) along each axis
+    that may be their rows' (each of its leading 1s; for a reshape, to each of its result's):
+    the first axis that is not 1 is not their rows', and other instances' rows tell which is."""
+    data = next((entry for entry in record.entries if isinstance(entry, ValueType)), None)
+    out = record.types[0] if record.types else None
+    if data is None or not data.shape or data.shape[0] != 1 or out is None or out.shape is None:
+        return []
+    ones = [axis for axis in range(len(data.shape)) if all(size == 1 for size in data.shape[:axis + 1])]
+    out_ones = [axis for axis in range(len(out.shape)) if all(size == 1 for size in out.shape[:axis + 1])]
+    if record.op_type == "Transpose" and len(record.outputs) == 1:
+        perm = _attribute(record, "perm", None)
+        perm = list(reversed(range(len(data.shape)))) if perm is None else list(perm)
+        pairs = [(axis, perm.index(axis)) for axis in ones]
+    elif record.op_type in ROW_RESHAPES:
+        pairs = [(axis, out_axis) for axis in ones for out_axis in out_ones]
     else:
-        for name, vtype in zip(record.outputs, record.types):
-            if name and (not vtype.shape or vtype.shape[0] != length):
-                return None
-    entries = tuple(("rows", e.elem_type, e.shape[1:]) if isinstance(e, ValueType) else e for e in record.entries)
-    return ("ragged", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
+        pairs = [(axis, axis) for axis in ones]
+    found = (ragged_signature(record, weights, opset, attributes, axis, out_axis) for axis, out_axis in pairs)
+    return list(dict.fromkeys(signature for signature in found if signature is not None))
 
 
-def _row_wise(record: Any, data: list[tuple[int, ValueType]], rank: int, weights: Mapping[str, np.ndarray]) -> bool:
-    op, entries = record.op_type, record.entries
+def _aligned(entries: tuple, runs: list) -> list:
+    """``runs`` (of the per-instance entries) beside every entry (None for a shared one)."""
+    it = iter(runs)
+    return [next(it) if isinstance(entry, ValueType) else None for entry in entries]
+
+
+def _output_rows(record: Any, length: int, axis: int | None) -> tuple | None:
+    """Per output, ``(axis, row)`` when its rows (along ``axis``, when given) are ``length``
+    long, None for one not wanted; None when a wanted output's are not."""
+    outs = []
+    for name, vtype in zip(record.outputs, record.types):
+        if not name:
+            outs.append(None)
+            continue
+        run = rows_of(vtype.shape, axis) if vtype is not None and vtype.is_tensor and vtype.shape is not None else None
+        if run is None or run[1] != length or 0 in run[2]:
+            return None
+        outs.append((run[0], run[2]))
+    return tuple(outs)
+
+
+def _row_reshape(record: Any, data: list[tuple[int, ValueType]], row: tuple[int, ...], outs: tuple) -> bool:
+    """Whether the record only reshapes each row: an op that keeps the order of the elements
+    (``ROW_RESHAPES``, or a Transpose that moves only axes of 1), from a per-instance value to one
+    output of as many rows of as many elements. Then each row's elements stay where they were."""
+    if len(data) != 1 or data[0][0] != 0 or len(outs) != 1 or record.domain:
+        return False
+    shape = data[0][1].shape
+    if record.op_type == "Transpose":
+        perm = _attribute(record, "perm", None)
+        perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
+        moved = [axis for axis in perm if shape[axis] != 1]
+        if moved != sorted(moved):
+            return False
+    elif record.op_type not in ROW_RESHAPES:
+        return False
+    return math.prod(row) == math.prod(outs[0][1])
+
+
+def _row_wise(record: Any, data: list[tuple[int, ValueType]], axis: int, weights: Mapping[str, np.ndarray]) -> bool:
+    """Whether the op treats the rows of its per-instance operands (along ``axis``, the leading
+    axes before it of size 1) independently."""
+    op, entries, rank = record.op_type, record.entries, len(data[0][1].shape)
     shared = [np.shape(weights[e]) for e in entries if isinstance(e, str) and e]
-    if op in ELEMENTWISE:  # a shared operand may broadcast along axis 0 only from a size of 1
-        return (all(entry.shape == data[0][1].shape for _, entry in data)
-                and all(len(shape) < rank or len(shape) == rank and shape[0] == 1 for shape in shared))
-    if op == "MatMul":
-        return [i for i, _ in data] == [0] and rank == 2 and [len(shape) for shape in shared] == [2]
+    if op in ELEMENTWISE:  # every per-instance operand of one shape, which the result keeps
+        out = record.types[0].shape if record.types and record.types[0] is not None else None
+        return (all(entry.shape == data[0][1].shape for _, entry in data) and out == data[0][1].shape
+                and all(len(shape) <= rank and (axis < rank - len(shape) or shape[axis - rank + len(shape)] == 1)
+                        for shape in shared))
+    if op == "MatMul":  # [..., n, k] by a shared [k, m]
+        return [i for i, _ in data] == [0] and axis <= rank - 2 and [len(shape) for shape in shared] == [2]
     if op == "Gemm":  # A [n, k] by a shared B, plus a shared C that is a row at most
-        return ([i for i, _ in data] == [0] and rank == 2 and not _attribute(record, "transA", 0)
+        return ([i for i, _ in data] == [0] and rank == 2 and axis == 0 and not _attribute(record, "transA", 0)
                 and len(shared[0]) == 2 and all(len(shape) < 2 or shape[0] == 1 for shape in shared[1:]))
     if op == "Concat":  # per-instance operands along a later axis
-        return len(data) == len(entries) and _attribute(record, "axis", 0) % rank != 0
+        return len(data) == len(entries) and _attribute(record, "axis", 0) % rank > axis
     if op == "LayerNormalization":  # over later axes, by a shared scale and bias
-        return [i for i, _ in data] == [0] and _attribute(record, "axis", -1) % rank != 0
-    if op == "Gather":
-        return [i for i, _ in data] == [1] and rank == 1 and _attribute(record, "axis", 0) == 0
-    if op == "Flatten":  # rows flattened from axis 1 on
-        return len(data) == 1 and _attribute(record, "axis", 1) == 1
-    if op in ("Unsqueeze", "Squeeze"):  # axes of size 1 added or dropped after axis 0
+        return [i for i, _ in data] == [0] and _attribute(record, "axis", -1) % rank > axis
+    if op == "Gather":  # rows of a shared table by per-instance indices (embeddings)
+        return [i for i, _ in data] == [1] and _attribute(record, "axis", 0) == 0
+    if op in ("Softmax", "LogSoftmax"):
+        return len(data) == 1 and rank >= 2 and _attribute(record, "axis", -1) % rank > axis
+    if op in ROW_REDUCTIONS:  # over later axes only
         if [i for i, _ in data] != [0]:
             return False
-        axes = _axes(record, weights)
-        axes_of = len(record.types[0].shape) if op == "Unsqueeze" else rank
-        return axes is not None and all(a % axes_of != 0 for a in axes)
-    if op in ("Softmax", "LogSoftmax"):
-        return len(data) == 1 and rank >= 2 and _attribute(record, "axis", -1) % rank != 0
+        axes = _reduced_axes(record, weights)
+        return bool(axes) and all(a % rank > axis for a in axes)
     return False
+
+
+def _reduced_axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] | None:
+    """A reduction's axes (its second input or its attribute); None or empty: all of them."""
+    if len(record.inputs) > 1 and record.inputs[1]:
+        return np.asarray(weights[record.inputs[1]]).ravel().tolist()
+    axes = _attribute(record, "axes", None)
+    return None if axes is None else list(axes)
 
 
 def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int) -> bool | None:
@@ -138,14 +231,6 @@ def _loss_signature(record: Any, attributes: tuple) -> tuple | None:
         return None
     entries = (("rows", scores.elem_type, scores.shape[1:]), ("rows", labels.elem_type, ()))
     return ("loss", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
-
-
-def _axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] | None:
-    """An Unsqueeze's or Squeeze's axes: its second input (opset 13 on) or its attribute."""
-    if len(record.inputs) > 1 and record.inputs[1]:
-        return np.asarray(weights[record.inputs[1]]).ravel().tolist()
-    axes = _attribute(record, "axes", None)
-    return None if axes is None else list(axes)
 
 
 def _attribute(record: Any, name: str, default: Any) -> Any:

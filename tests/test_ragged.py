@@ -80,9 +80,10 @@ CASES = {
     "softmax over axis 0": ("y = Softmax<axis=0>(x)", "float[N, 4] y", "", False),
     "concat along axis 0": ("y = Concat<axis=0>(x, x)", "float[M, 4] y", "", False),
     "a max over axis 0": ("y = ReduceMax<keepdims=0>(x, axis)", "float[4] y", "int64[1] axis = {0}", False),
-    "unsqueeze at axis 0": ("y = Unsqueeze(x, zero)", "float[1, N, 4] y", "int64[1] zero = {0}", False),
+    # reshapes that keep each row's elements in order are row-wise, wherever the rows' axis goes
+    "unsqueeze at axis 0": ("y = Unsqueeze(x, zero)", "float[1, N, 4] y", "int64[1] zero = {0}", True),
     "flatten from axis 2": ("t = Unsqueeze(x, one)\n y = Flatten<axis=2>(t)", "float[N, 4] y", "int64[1] one = {1}",
-                            False),
+                            True),
 }
 
 
