@@ -371,12 +371,16 @@ class _Planner:
         for cls, signature in enumerate(self.ragged):
             if signature is not None:
                 alike.setdefault(signature, []).append(cls)
-        # A class that may be of one row joins the most classes that its rows may be of (any
-        # choice is right; this one launches least).
+        # A class that may be of one row joins the classes its rows may be of: those of its op,
+        # the most of them that are not of one row (any choice is right; this one launches least).
+        def fit(group: list[int], op_type: str) -> tuple[bool, int]:
+            return any(self.first_records[c].op_type == op_type for c in group), sum(not self.one_row[c] for c in group)
+
         for cls, one_row in enumerate(self.one_row):
-            own = self.ragged[cls]
-            joins = max((other for other in one_row if other in alike), key=lambda other: len(alike[other]), default=None)
-            if joins is not None and (own is None or len(alike[joins]) >= len(alike[own])):
+            own, op_type = self.ragged[cls], self.first_records[cls].op_type
+            joins = max((other for other in one_row if other in alike), key=lambda other: fit(alike[other], op_type),
+                        default=None)
+            if joins is not None and (own is None or fit(alike[joins], op_type) >= fit(alike[own], op_type)):
                 if own is not None:
                     alike[own].remove(cls)
                 alike[joins].append(cls)

@@ -1,20 +1,25 @@
-"""Ragged batching: instances whose values differ in length along axis 0 (sentences of
-different lengths as ``[n, d]`` matrices) still batch where an op treats rows independently.
-Their rows are concatenated (no padding), the op runs once on ``[sum of n, ...]``, and the
-result stays one block, each instance's rows after the previous one's (``flat.Block``); a
-reduction over axis 0 reduces each instance's run of rows. The flat
-planner merges the signature classes that differ only in that length (``ragged_signature``).
+"""Ragged batching: instances whose values differ in length (sentences of different lengths as
+``[n, d]`` matrices, or as an exporter gives one instance: ``[1, n, d]``) still batch where an
+op treats rows independently. A value's rows run along its first axis that is not 1
+(``rows_of``); the axes before it are 1s, so its rows are contiguous, as ``[n, *row]``. The
+members' rows are concatenated (no padding), the op runs once on ``[sum of n, ...]`` (its
+template reshapes them to the leading 1s and back), and the result stays one block, each
+instance's rows after the previous one's (``flat.Block``). The flat planner merges the
+signature classes that differ only in that length (``ragged_signature``). A value of one row
+(``[1, 1, d]``) could have its rows along any of its leading axes: its classes may join those
+that other instances' rows say (``one_row_signatures``).
 
-Row-wise here: elementwise ops whose per-instance operands all have one shape and whose shared
-operands do not reach axis 0 (a lower rank, or a size of 1 there); MatMul of a per-instance
-``[n, k]`` by a shared ``[k, m]``; Gemm of such an ``[n, k]`` (not transposed); Gather of a
-shared table by per-instance indices ``[n]`` (embedding lookups); Softmax, LogSoftmax and
-LayerNormalization over a later axis; Concat of per-instance operands along a later axis;
-Unsqueeze and Squeeze of axes after axis 0; Flatten from axis 1. ReduceSum and ReduceMean over
-axis 0 alone are segment reductions, and so is a SoftmaxCrossEntropyLoss summed or averaged over
-the rows (the loss of each row, then each instance's sum or mean). Recurrent layers over
-sequences of different lengths batch as packed sequences (``batcher.sequences``), and tree folds
-level by level (``batcher.folds``).
+Row-wise here: elementwise ops whose per-instance operands all have one shape, kept by the
+result, and whose shared operands do not reach the rows' axis (a lower rank, or a size of 1
+there); MatMul of a per-instance ``[..., n, k]`` by a shared ``[k, m]``; Gemm of such an ``[n, k]``
+(not transposed); Gather of a shared table by per-instance indices (embedding lookups);
+Softmax, LogSoftmax, LayerNormalization, Concat, Split and reductions (ReduceMean, ...) over
+later axes. Ops that only reshape each row (Reshape, Squeeze, Unsqueeze, Flatten, Identity,
+and a Transpose that moves only axes of 1: the elements keep their order) run as views of the
+rows. ReduceSum and ReduceMean over axis 0 alone are segment reductions, and so is a
+SoftmaxCrossEntropyLoss summed or averaged over the rows (the loss of each row, then each
+instance's sum or mean). Recurrent layers over sequences of different lengths batch as packed
+sequences (``batcher.sequences``), and tree folds level by level (``batcher.folds``).
 """
 
 from __future__ import annotations
@@ -177,6 +182,8 @@ def _row_wise(record: Any, data: list[tuple[int, ValueType]], axis: int, weights
         return [i for i, _ in data] == [0] and _attribute(record, "axis", -1) % rank > axis
     if op == "Gather":  # rows of a shared table by per-instance indices (embeddings)
         return [i for i, _ in data] == [1] and _attribute(record, "axis", 0) == 0
+    if op == "Split":  # along a later axis, by shared sizes
+        return [i for i, _ in data] == [0] and _attribute(record, "axis", 0) % rank > axis
     if op in ("Softmax", "LogSoftmax"):
         return len(data) == 1 and rank >= 2 and _attribute(record, "axis", -1) % rank > axis
     if op in ROW_REDUCTIONS:  # over later axes only

@@ -226,3 +226,34 @@ def test_traced_softmax_cross_entropy(backend):
     for s, y, loss in zip(scores, labels, losses, strict=True):
         log_p = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
         np.testing.assert_allclose(loss.value, -log_p[np.arange(len(y)), y].sum(), rtol=1e-5, atol=1e-5)
+
+
+# An exporter's layout: one instance's rows along axis 1 ([1, n, 4]), moved to axis 0 and back
+INSTANCE_AXIS = model(
+    "h = MatMul(x, W)\n a = Add(h, b)\n n = LayerNormalization<axis=-1>(a, g3, b)\n s = Softmax<axis=-1>(n)\n"
+    " t = Transpose<perm=[1, 0, 2]>(s)\n r = Reshape(t, shape)\n q, k = Split<axis=2>(r, halves)\n"
+    " m = ReduceMean<keepdims=1>(q, last)\n y = Concat<axis=2>(m, k)",
+    inputs="float[1, N, 4] x", outputs="float[N, 1, 3] y",
+    weights=W + ", float[3] g3 = {1.0, 0.5, 2.0}, int64[3] shape = {-1, 1, 3}, int64[2] halves = {2, 1}, "
+    "int64[1] last = {-1}")
+
+
+def test_rows_along_a_later_axis_batch_across_lengths(backend):
+    """Exports of one instance give its values leading axes of 1 ([1, n, d]); their rows run
+    along the first axis that is not 1, and each op is one launch whatever the lengths (the
+    instance of one row too)."""
+    session = autobatch.InferenceSession(INSTANCE_AXIS, backend=backend)
+    rng = np.random.default_rng(0)
+    instances = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in LENGTHS]
+    assert_equal_alone(session, instances)
+    assert session.stats.report.launches == 9
+
+
+def test_a_transpose_that_moves_rows_past_other_axes_is_not_a_reshape(backend):
+    """[1, n, 2, 2] -> [1, 2, n, 2] interleaves the rows: each length keeps its own launch."""
+    session = autobatch.InferenceSession(model("r = Reshape(x, shape)\n y = Transpose<perm=[0, 2, 1, 3]>(r)",
+                                               inputs="float[1, N, 4] x", outputs="float[1, 2, N, 2] y",
+                                               weights="int64[4] shape = {1, -1, 2, 2}"), backend=backend)
+    rng = np.random.default_rng(1)
+    assert_equal_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in LENGTHS])
+    assert session.stats.report.launches_by_op["Transpose"] >= len(set(LENGTHS)) - 1
