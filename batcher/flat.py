@@ -371,16 +371,20 @@ class _Planner:
         for cls, signature in enumerate(self.ragged):
             if signature is not None:
                 alike.setdefault(signature, []).append(cls)
-        # A class that may be of one row joins the classes its rows may be of: those of its op,
-        # the most of them that are not of one row (any choice is right; this one launches least).
-        def fit(group: list[int], op_type: str) -> tuple[bool, int]:
-            return any(self.first_records[c].op_type == op_type for c in group), sum(not self.one_row[c] for c in group)
+        # A class that may be of one row joins the classes its rows may be of: those of its node
+        # of the model (other instances' records of it), else of its op, the most of them that are
+        # not of one row (any choice is right; this one launches least).
+        def fit(group: list[int], cls: int) -> tuple[bool, bool, int]:
+            record, others = self.first_records[cls], [c for c in group if c != cls]
+            firsts = [self.first_records[c] for c in others]
+            return (any(_node_of(first) == _node_of(record) for first in firsts),
+                    any(first.op_type == record.op_type for first in firsts), sum(not self.one_row[c] for c in others))
 
         for cls, one_row in enumerate(self.one_row):
-            own, op_type = self.ragged[cls], self.first_records[cls].op_type
-            joins = max((other for other in one_row if other in alike), key=lambda other: fit(alike[other], op_type),
+            own = self.ragged[cls]
+            joins = max((other for other in one_row if other in alike), key=lambda other: fit(alike[other], cls),
                         default=None)
-            if joins is not None and (own is None or fit(alike[joins], op_type) >= fit(alike[own], op_type)):
+            if joins is not None and (own is None or fit(alike[joins], cls) >= fit(alike[own], cls)):
                 if own is not None:
                     alike[own].remove(cls)
                 alike[joins].append(cls)
@@ -785,6 +789,13 @@ def _by_length(members: list[Record], data: int, axis: int) -> tuple[list[Record
     groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
     bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
     return members, lengths, groups, bounds
+
+
+def _node_of(record: Record) -> str:
+    """The name of a record's first output in its instance's graph (``mix_records`` prefixes it)."""
+    name = record.outputs[0] if record.outputs else ""
+    prefix = f"i{record.instance}/"
+    return name[len(prefix):] if name.startswith(prefix) else name
 
 
 def _text(value: str | bytes) -> str:

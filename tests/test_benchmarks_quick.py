@@ -3,6 +3,7 @@ instances (PyTorch and DyNet parts are skipped, with a message, when they are no
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,3 +73,16 @@ def test_rewrite_branches_benchmark_checks_and_compares(capsys) -> None:
     rewrite_branches.main(["--branches", "3", "--size", "8", "--repeats", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("LSTM tagger", "encoder"))]
     assert len(rows) == 2
+
+
+def test_exported_models_benchmark_checks_and_compares(capsys, tmp_path) -> None:
+    pytest.importorskip("torch")
+    from benchmarks import exported_models
+
+    exported_models.main(["--models", "lstm", "--size", "8", "--texts", "3", "--repeats", "1",
+                          "--json", str(tmp_path / "times.json")])
+    printed = capsys.readouterr().out
+    for system in ("one text at a time", "padded to the longest", "the same mix again", "a new mix each call"):
+        assert system in printed
+    assert set(json.loads((tmp_path / "times.json").read_text())["lstm"]) >= {
+        "onnxruntime, one text at a time", "ours, run_batch, a new mix each call (lengths seen)"}

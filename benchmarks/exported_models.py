@@ -1,0 +1,116 @@
+"""Models as PyTorch and Hugging Face export them for ONE text (``benchmarks.exports``), run for
+many texts of different lengths, side by side: onnxruntime one text at a time; onnxruntime once
+over all of them padded to the longest (a second export, for a padded batch with a mask); and
+``InferenceSession.run_batch``: the first call (planning and preparing), a repeated mix (its
+kept plan, one onnxruntime session) and a new mix of lengths every call (what a server sees;
+timed once every length 5..60 has been seen once, a server's steady state).
+
+    python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2] [--size 256] [--texts 64]
+
+Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix. Every
+batched result is checked against onnxruntime's for its text alone first (float32 within 1e-4
+relative: a projection of every text's rows sums in another order). Padding is exact only where
+a mask reaches every padded position: not for the taggers' reverse direction (its time says
+what padding costs, not a result one could use).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from autobatch import InferenceSession, arguments
+from benchmarks import exports
+from benchmarks.timing import print_against, timed
+
+THREADS = 2
+
+
+def lengths(count: int, rng: np.random.Generator) -> list[int]:
+    return np.clip(np.rint(rng.lognormal(np.log(17), 0.6, count)), 5, 60).astype(int).tolist()
+
+
+def texts(sizes: list[int], rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    return [{"ids": rng.integers(0, exports.VOCABULARY, (1, n))} for n in sizes]
+
+
+def padded(batch: list[dict[str, np.ndarray]], inputs: set[str]) -> dict[str, np.ndarray]:
+    longest = max(text["ids"].shape[1] for text in batch)
+    ids = np.zeros((len(batch), longest), np.int64)
+    mask = np.zeros((len(batch), longest), np.int64)
+    for k, text in enumerate(batch):
+        ids[k, :text["ids"].shape[1]] = text["ids"][0]
+        mask[k, :text["ids"].shape[1]] = 1
+    return {name: value for name, value in (("ids", ids), ("mask", mask)) if name in inputs}
+
+
+def session_of(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dict[str, float]:
+    module = exports.build(name, size)
+    dynamo = name in exports.DYNAMO_ONLY
+    one = exports.export(module, folder / f"{name}.onnx", dynamo=dynamo)
+    many = exports.export(module, folder / f"{name}-padded.onnx", dynamo=dynamo, padded=True)
+    rng = np.random.default_rng(0)
+    batch = texts(lengths(count, rng), rng)
+    alone, pad = session_of(one), session_of(many)
+    pad_inputs = {info.name for info in pad.get_inputs()}
+    ours = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
+    start = time.perf_counter()
+    first = ours.run_batch(None, batch)
+    seconds = {"ours, first call (plans, prepares)": time.perf_counter() - start}
+    for want, got in zip((alone.run(None, text)[0] for text in batch), first, strict=True):
+        np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=name)
+    seconds["onnxruntime, one text at a time"] = timed(lambda: [alone.run(None, t) for t in batch], repeats)[1]
+    seconds["onnxruntime, padded to the longest, one call"] = timed(lambda: pad.run(None, padded(batch, pad_inputs)),
+                                                                    repeats)[1]
+    seconds["ours, run_batch, the same mix again"] = timed(lambda: ours.run_batch(None, batch), repeats)[1]
+    # A server's steady state: every length seen once (its shapes typed, its templates made), then
+    # each call a mix of lengths never batched together before.
+    ours.run_batch(None, texts(list(range(5, 61)), rng))
+    mixes = [texts(lengths(count, rng), rng) for _ in range(repeats)]
+    new = []
+    for mix in mixes:
+        start = time.perf_counter()
+        ours.run_batch(None, mix)
+        new.append(time.perf_counter() - start)
+    seconds["ours, run_batch, a new mix each call (lengths seen)"] = min(new)
+    print(f"{name}: size {size}, {count} texts, lengths {min(t['ids'].shape[1] for t in batch)}.."
+          f"{max(t['ids'].shape[1] for t in batch)}; {ours.stats.report.launches} launches "
+          f"({ours.stats.report.launches_by_op.get('Softmax', 0)} Softmax)")
+    print_against(seconds, "onnxruntime, one text at a time", lambda value: f"{value * 1e3:9.2f} ms")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments.parser("python -m benchmarks.exported_models", __doc__.splitlines()[0])
+    parser.add_argument("--models", default="lstm,encoder,bert,gpt2", help=f"some of {','.join(exports.MODELS)}")
+    parser.add_argument("--size", type=arguments.integer(1), default=256, help="model width")
+    parser.add_argument("--texts", type=arguments.integer(1), default=64)
+    parser.add_argument("--repeats", type=arguments.integer(1), default=3)
+    parser.add_argument("--json", type=Path, help="write the times here")
+    args = parser.parse_args(argv)
+    names = args.models.split(",")
+    unknown = [name for name in names if name not in exports.MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(exports.MODELS)}")
+    print(f"{THREADS} threads; fastest of {args.repeats} runs; every batched result checked against onnxruntime alone")
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in names:
+            results[name] = compare(name, args.size, args.texts, args.repeats, Path(folder))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

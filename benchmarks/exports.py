@@ -1,0 +1,82 @@
+"""Models as PyTorch and Hugging Face export them, built from small configs with random weights
+(no downloads): an embedding and a bidirectional LSTM or GRU tagger, ``nn.TransformerEncoder``,
+BERT and GPT-2. ``export`` writes one for ONE instance (``ids [1, length]``), as most users
+bring it; ``padded=True`` writes it for a padded batch instead (``ids [batch, length]`` and
+``mask [batch, length]``, 1 for a real token), what a user would run to batch by padding.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+VOCABULARY = 100
+MODELS = ("lstm", "gru", "encoder", "bert", "gpt2")
+DYNAMO_ONLY = frozenset({"encoder"})  # the legacy exporter writes its head split for the traced length only
+
+
+class Tagger(torch.nn.Module):
+    def __init__(self, cell: str, size: int) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(VOCABULARY, size)
+        self.rnn = getattr(torch.nn, cell)(size, size // 2, bidirectional=True, batch_first=True)
+        self.out = torch.nn.Linear(size, 9)
+
+    def forward(self, ids, mask=None):  # padding reaches the reverse direction: not exact
+        states, _ = self.rnn(self.embedding(ids))
+        return torch.log_softmax(self.out(states), -1)
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, size: int, layers: int) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(VOCABULARY, size)
+        layer = torch.nn.TransformerEncoderLayer(size, 4, dim_feedforward=2 * size, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, ids, mask=None):
+        padding = None if mask is None else mask == 0
+        return self.encoder(self.embedding(ids), src_key_padding_mask=padding)
+
+
+class LastHidden(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask=None):
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
+    """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for bert, gpt2)."""
+    torch.manual_seed(seed)
+    if name in ("lstm", "gru"):
+        return Tagger(name.upper(), size).eval()
+    if name == "encoder":
+        return Encoder(size, layers).eval()
+    import transformers
+
+    if name == "bert":
+        config = transformers.BertConfig(vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers,
+                                         num_attention_heads=4, intermediate_size=2 * size, max_position_embeddings=128)
+        return LastHidden(transformers.BertModel(config)).eval()
+    config = transformers.GPT2Config(vocab_size=VOCABULARY, n_embd=size, n_layer=layers, n_head=4, n_positions=128)
+    return LastHidden(transformers.GPT2Model(config)).eval()
+
+
+def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bool = False) -> Path:
+    """``module`` written to ``path`` for one instance of any length, or (``padded``) for a
+    padded batch of any size and length."""
+    ids = torch.randint(0, VOCABULARY, (2 if padded else 1, 7))
+    args = (ids, torch.ones_like(ids)) if padded else (ids,)
+    names = ["ids", "mask"] if padded else ["ids"]
+    axes = {0: "batch", 1: "length"} if padded else {1: "length"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporters' deprecations and notes
+        torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=18 if dynamo else 17,
+                          input_names=names, output_names=["y"],
+                          dynamic_axes={**{name: axes for name in names}, "y": axes})
+    return path
