@@ -29,6 +29,7 @@ from autobatch.batcher.constants import constant_value, constants_to_initializer
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
 from autobatch.ir import Graph, Recent, ValueType, from_onnx
+from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import DeadlineExceeded, WorkLimit, work_limit
 from autobatch.ir.types import type_of_value, type_text
 
@@ -166,6 +167,7 @@ class InferenceSession:
         self.batching = BatchingPass(scheduler)
         self.stats: SessionStats | None = None
         self._typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
+        self._constants = SharedConstants()
         self._plans: Recent = Recent(PLANS_KEPT)  # mix of input signatures -> _Plan
         # Control flow is unrolled per instance from its values, so such plans are not reused.
         self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
@@ -285,6 +287,9 @@ class InferenceSession:
             self.stats.launches = len(plan.runner.order)
         return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
 
+    # A plan allocates many objects that live on, and a run many arrays: the collector's passes
+    # would walk the whole heap (the model's graphs, every plan kept) again and again.
+    @without_gc
     def _run_flat(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
                   names: list[str], start: float) -> list[np.ndarray]:
         """Output ``names`` of every instance by the flat path (``key``: the batch's mix of input
@@ -343,7 +348,7 @@ class InferenceSession:
         # not across unrolled instances, whose constants are their own.
         known = self._known_records if key is not None else None
         plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
-                            self.graph.opset_imports, self.batching.scheduler_name, known)
+                            self.graph.opset_imports, self.batching.scheduler_name, known, apart=True)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
 
     def plan_model(self, feeds_list: Sequence[Mapping[str, Any]]) -> ModelProto:
@@ -417,7 +422,8 @@ class InferenceSession:
         key = _input_signature(feeds)
         graph = self._typed.get(key)
         if graph is None:
-            graph = self._typed[key] = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()})
+            graph = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()})
+            self._typed[key] = graph = self._constants.share(graph)
         return graph
 
 
@@ -515,6 +521,24 @@ class _NodeBudget:
         while total > self.nodes and len(self._graphs) > 1:
             _, oldest = self._graphs.popitem(last=False)
             total -= len(oldest)
+
+
+class SharedConstants(dict):
+    """Each constant of the graphs typed for input signatures, by name: one equal to the first
+    of its name becomes that same array, so that a batch's mix of signatures finds the constants
+    every instance shares by identity (``flat.mix_records``) rather than by comparing them all,
+    each batch. (Its first array is kept, as the graphs that share it are.)"""
+
+    def share(self, graph: Graph) -> Graph:
+        for name, value in graph.values.items():
+            array = value.const
+            if array is None or value.literal:
+                continue
+            first = self.setdefault(name, array)
+            if first is not array and first.dtype == array.dtype and first.shape == array.shape \
+                    and np.array_equal(first, array, equal_nan=array.dtype.kind in "fc"):
+                value.const = first
+        return graph
 
 
 def typed_instance(graph: Graph, input_types: Mapping[str, ValueType]) -> Graph:

@@ -217,18 +217,21 @@ _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged cl
 
 def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
-                 opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None) -> FlatPlan:
+                 opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None,
+                 apart: bool = False) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
-    learnt of record keys, for a caller whose keys (and weights) stay the same across plans."""
+    learnt of record keys, for a caller whose keys (and weights) stay the same across plans.
+    ``apart``: no record reads a value of another instance (``mix_records``' records), which
+    makes the schedulers' levels cheap to work out."""
     if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
         _templates.clear()
         _keyed_functions.clear()
     start = time.perf_counter()
     planner = _Planner(weights, literals, functions, opsets, known)
     records, preds = _live(records, producers)
-    problem = planner.sign(records, preds)
+    problem = planner.sign(records, preds, apart)
     analysed = time.perf_counter()
     # No dependencies (a lockstep round over known values): every scheduler launches each class
     # once, and grouping by class is the cheapest way there.
@@ -288,8 +291,9 @@ class _Planner:
         self.known: dict[Hashable, tuple] = known if known is not None else {}
 
     # ------------------------------------------------------------------ signing
-    def sign(self, records: Sequence[Record], preds: list[list[int]]) -> Problem:
-        """Signature classes (with their templates) of the records, and the problem."""
+    def sign(self, records: Sequence[Record], preds: list[list[int]], apart: bool = False) -> Problem:
+        """Signature classes (with their templates) of the records, and the problem (its parts
+        the records' instances when they are ``apart``)."""
         class_of: dict[Hashable, int] = {}  # a record key -> its class
         record_class = self.record_class
         for record in records:
@@ -301,7 +305,9 @@ class _Planner:
         self.record_class = sig.tolist()
         solo = np.array([isinstance(t, Template) and t.solo for t in self.templates], dtype=bool)
         sig[solo[sig]] = UNBATCHABLE  # the schedulers run these one by one, and the bound counts them so
-        return problem_from(list(range(len(records))), sig, preds, self.classes)
+        parts = np.fromiter((record.instance for record in records), dtype=np.int64, count=len(records)) \
+            if apart else None
+        return problem_from(list(range(len(records))), sig, preds, self.classes, parts)
 
     def _class(self, record: Record) -> int:
         """The class of a record's signature, made (with its template) when new."""

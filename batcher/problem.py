@@ -26,7 +26,8 @@ class Problem:
     ``sig[i]`` is the signature class of node i (``UNBATCHABLE`` when it has none);
     ``depth[i]`` its topological generation; ``level[i]`` the largest number of nodes of its
     own class on any dependency path ending at it (itself included), worked out when first
-    asked for: only the level scheduler and the lower bound read it.
+    asked for: only the level scheduler and the lower bound read it. ``parts[i]``, when given,
+    is the part of the problem node i is in (its instance), where no edge joins two parts.
     """
 
     node_ids: list[int]
@@ -36,6 +37,7 @@ class Problem:
     depth: np.ndarray
     classes: list[Signature] = field(default_factory=list)
     alone: Counter[str] = field(default_factory=Counter)  # "op: why" -> nodes that run one at a time
+    parts: np.ndarray | None = None
     _level: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -45,7 +47,7 @@ class Problem:
     @property
     def level(self) -> np.ndarray:
         if self._level is None:
-            self._level = _levels(self.preds, self.sig, len(self.classes), self.depth)
+            self._level = _levels(self.preds, self.sig, len(self.classes), self.depth, self.parts)
         return self._level
 
     def lower_bound(self) -> int:
@@ -57,8 +59,8 @@ class Problem:
         over what the levels need (not the successor lists), for a report to resolve if asked."""
         if self._level is not None:
             return self.lower_bound()
-        preds, sig, classes, depth = self.preds, self.sig, len(self.classes), self.depth
-        return lambda: _lower_bound(sig, _levels(preds, sig, classes, depth), classes)
+        preds, sig, classes, depth, parts = self.preds, self.sig, len(self.classes), self.depth, self.parts
+        return lambda: _lower_bound(sig, _levels(preds, sig, classes, depth, parts), classes)
 
 
 def _lower_bound(sig: np.ndarray, level: np.ndarray, classes: int) -> int:
@@ -108,14 +110,16 @@ def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = Non
     return problem
 
 
-def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], classes: list[Signature]) -> Problem:
-    """The problem of nodes given in topological order with their classes and predecessors."""
+def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], classes: list[Signature],
+                 parts: np.ndarray | None = None) -> Problem:
+    """The problem of nodes given in topological order with their classes and predecessors
+    (and ``parts``: see ``Problem``)."""
     succs: list[list[int]] = [[] for _ in node_ids]
     for v, ps in enumerate(preds):
         for u in ps:
             succs[u].append(v)
     depth = _depths(preds)
-    return Problem(node_ids, sig, preds, succs, depth, classes)
+    return Problem(node_ids, sig, preds, succs, depth, classes, parts=parts)
 
 
 def _depths(preds: list[list[int]]) -> np.ndarray:
@@ -128,15 +132,27 @@ def _depths(preds: list[list[int]]) -> np.ndarray:
     return np.array(depth, dtype=np.int64)
 
 
-def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.ndarray) -> np.ndarray:
+def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.ndarray,
+            parts: np.ndarray | None = None) -> np.ndarray:
     """Per node, the most nodes of its class on a path ending at it: a DP carrying, per node,
     the vector of per-class path maxima, run one topological generation at a time (every
-    predecessor of a generation lies in an earlier one), vectorised over its nodes."""
+    predecessor of a generation lies in an earlier one), vectorised over its nodes. With
+    ``parts``, only the classes with two nodes in one part need it: a path stays in its part, so
+    the others' levels are 1 (a mix of a model's instances has many classes of one node each)."""
     n = len(preds)
     if n_classes == 0 or n == 0:
         return np.zeros(n, dtype=np.int64)
     if not depth.any():  # no dependencies (a lockstep round over known values): every level is 1
         return (sig != UNBATCHABLE).astype(np.int64)
+    if parts is not None:
+        batchable = sig != UNBATCHABLE
+        codes, counts = np.unique(sig[batchable] * (int(parts.max()) + 1) + parts[batchable], return_counts=True)
+        repeated = np.unique(codes[counts > 1] // (int(parts.max()) + 1))
+        compact = np.full(n_classes, UNBATCHABLE, dtype=np.int64)
+        compact[repeated] = np.arange(len(repeated))
+        kept = np.where(batchable, compact[np.where(batchable, sig, 0)], UNBATCHABLE)
+        level = _levels(preds, kept, len(repeated), depth)
+        return np.where(batchable & (kept == UNBATCHABLE), 1, level)
     best = np.zeros((n, n_classes), dtype=np.int32)
     src = np.array(list(itertools.chain.from_iterable(preds)), dtype=np.int64)
     dst = np.repeat(np.arange(n), [len(ps) for ps in preds])

@@ -406,3 +406,15 @@ def test_a_report_works_its_lower_bound_out_when_asked(scheduler: str) -> None:
     assert callable(report.bound) == (scheduler != "level")
     want = build_problem(graph, lambda node: True).lower_bound()
     assert report.lower_bound == want and report.bound == want
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_levels_worked_out_per_instance_equal_those_of_the_whole_problem(seed: int) -> None:
+    """With the instances apart (``Problem.parts``), only classes with two nodes in one instance
+    run the DP; the others' levels are 1, and every level is what the whole DP gives."""
+    union = random_union(seed)
+    problem = build_problem(union, lambda node: has_rule(union, node))
+    parts = np.array([union.nodes[node_id].instance for node_id in problem.node_ids], dtype=np.int64)
+    apart = problem_from(problem.node_ids, problem.sig, problem.preds, problem.classes, parts)
+    np.testing.assert_array_equal(apart.level, problem.level)
+    assert apart.lower_bound() == problem.lower_bound()

@@ -60,6 +60,19 @@ def test_a_new_mix_of_known_shapes_reuses_each_instances_records(backend):
             np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
 
 
+def test_graphs_typed_for_different_shapes_share_their_equal_constants():
+    """A mix finds what every instance shares by identity (``flat.mix_records``), not by comparing
+    each constant of each instance each batch: the graph typed for each input signature holds
+    the first signature's array of an equal constant (a Constant node is made anew each time)."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
+    g (float[N, 4] x) => (float[N, 4] y) { c = Constant<value = float[4] {1.0, 2.0, 3.0, 4.0}>()
+    y = Mul(x, c) }""")
+    session = autobatch.InferenceSession(model)
+    session.run_batch(None, [{"x": np.ones((n, 4), np.float32)} for n in (2, 3)])
+    first, second = (graph.values["c"].const for graph in session._typed.values())
+    assert first is second
+
+
 def test_caches_keep_only_the_most_recent_shapes_and_mixes(backend, monkeypatch):
     """A server meets ever new shapes: what a session keeps per shape and per mix is bounded,
     and a shape or mix forgotten is planned again, with the same results."""
