@@ -23,7 +23,8 @@ from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, 
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, SessionCache, declare_ranks_only, new_session, run_session
 from autobatch.ir.records import LEAF
-from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Pieces, Rows, Runs, Shaped, Step, Template
+from autobatch.batcher.flat import (LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step, Template,
+                                    Unpadded)
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
@@ -194,6 +195,12 @@ class FlatExecutor:
                     elem_type, shape = plan.kinds[write.arena]
                     _fits(value, (plan.rows[write.arena], *shape), helper.tensor_dtype_to_np_dtype(elem_type), step)
                     arenas[write.arena] = value
+                elif type(write) is Unpadded:  # each member's value, cut from its padded slot
+                    for m, ((arena, row), shape) in enumerate(zip(write.places, write.shapes)):
+                        slot = arenas[arena][row, ...]
+                        part = value[(m, *map(slice, shape))]
+                        _fits(part, slot.shape, slot.dtype, step)
+                        slot[...] = part
                 elif write[0] == LOOSE:  # kept as it is
                     loose[write[1]] = value
                 else:
@@ -334,7 +341,7 @@ def _sequence_result(plan: FlatPlan, write: Any, members: int) -> np.ndarray:
 def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any:
     """A slice is a view; an index array one gather; an int one member's row (0-d views too);
     ``Runs`` rows of a block, a value a run; ``Shaped`` rows reshaped (a view); ``Pieces``
-    values kept in several ways, one by one;
+    values kept in several ways, one by one (``Padded``: of several shapes, each padded);
     a list of literals' names (arena ``LITERALS``) their values stacked; a name (arena
     ``LOOSE``) a loose value as it is."""
     if type(rows) is Runs:
@@ -343,6 +350,12 @@ def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any
         return _read(arenas, loose, arena, rows.rows).reshape(rows.shape)
     if type(rows) is Pieces:
         return np.stack([_read(arenas, loose, a, r) for a, r in rows])
+    if type(rows) is Padded:
+        values = [_read(arenas, loose, a, r) for a, r in rows.pieces]
+        stacked = np.full((len(values), *rows.shape), rows.fill, values[0].dtype)
+        for m, value in enumerate(values):
+            stacked[(m, *map(slice, value.shape))] = value
+        return stacked
     if arena == LOOSE:
         return loose[rows]
     if arena == LITERALS:

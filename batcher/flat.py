@@ -45,12 +45,13 @@ from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.constants import FOLD_LIMIT
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions, rule_for
+from autobatch.batcher.padding import Padding, padded_chunks, padding
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import EMPTY, MIN_STACKING_OPSET, RANDOM, GraphEmitter
 from autobatch.batcher.rules import Operand, Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
-from autobatch.batcher.sequences import RECURRENT, SEQUENCE_LENS, Chunk, chunks, zero_states
+from autobatch.batcher.sequences import SEQUENCE_LENS, Chunk, chunks, zero_states
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, Node, ValueType, attribute_value, captured_names, is_nondeterministic
 from autobatch.ir.records import LEAF, Record
@@ -149,7 +150,27 @@ class Pieces(list):
     """(arena, row or run of rows) per value, for values kept in several ways: read one by one."""
 
 
-Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped  # a list: the names of literals (arena ``LITERALS``)
+@dataclass(frozen=True)
+class Padded:
+    """Values of different shapes (``shapes``) read as one stack ``[values, *shape]``, each at
+    the start of its slot, the rest ``fill`` (``batcher.padding``)."""
+
+    pieces: Pieces
+    shape: tuple[int, ...]
+    fill: float
+    shapes: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Unpadded:
+    """A padded step's result ``[values, ...]`` written a value at a time: value ``m`` is the
+    start of slot ``m`` (``shapes[m]``), put at ``places[m]`` (arena, row)."""
+
+    places: list[tuple[int, int]]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped | Padded  # a list: the names of literals (arena ``LITERALS``)
 LITERALS = -1  # the "arena" of reads stacked straight from literal values
 # The "arena" of loose values, kept one by one as they are (a sequence, a bfloat16 array, a
 # tensor whose shape is known once computed); the "row" is the value's name: a loose step's
@@ -178,7 +199,7 @@ class Step:
     size: int
     reads: list[Any]  # per stacked operand: (arena, rows) (a solo step: one row), or a list of them per group
     weights: list[str]  # per fed operand: the shared value's name
-    writes: list[Any]  # per output: (arena, first row), or a Block
+    writes: list[Any]  # per output: (arena, first row), a Block, or Unpadded
     offsets: np.ndarray | None = None
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
     segment: RowReduction | None = None
@@ -301,7 +322,10 @@ class _Planner:
             if cls is None:
                 cls = class_of[record.key] = self._class(record)
             record_class.append(cls)
-        sig = self._merge_ragged()[np.array(record_class, dtype=np.int64)]
+        merged = self._merge_ragged()
+        if apart:
+            merged = self._merge_padded(merged)
+        sig = merged[np.array(record_class, dtype=np.int64)]
         self.record_class = sig.tolist()
         solo = np.array([isinstance(t, Template) and t.solo for t in self.templates], dtype=bool)
         sig[solo[sig]] = UNBATCHABLE  # the schedulers run these one by one, and the bound counts them so
@@ -415,6 +439,33 @@ class _Planner:
             self.first_records.append(self.first_records[classes[0]])
             self.ragged.append(signature)
         return np.array(merged, dtype=np.int64)
+
+    def _merge_padded(self, merged: np.ndarray) -> np.ndarray:
+        """Classes of one node of the model (over instances apart) that no ragged class took and
+        that differ in their shapes become one padded class, where padding is exact
+        (``batcher.padding``); the new class of every class."""
+        by_node: dict[tuple, list[int]] = {}
+        for cls in range(len(merged)):
+            template = self.templates[cls]
+            plain = template == _PER_SIZE or isinstance(template, Template) and not (
+                template.solo or template.once or template.ragged)
+            if merged[cls] == cls and plain:
+                first = self.first_records[cls]
+                key = (_node_of(first), first.op_type, self._attributes_key(first.attributes))
+                by_node.setdefault(key, []).append(cls)
+        merged = merged.copy()
+        for key, classes in by_node.items():
+            found = padding([self.first_records[cls] for cls in classes], self.opsets.get("", 1)) \
+                if len(classes) > 1 else None
+            if found is None:
+                continue
+            merged[classes] = len(self.classes)
+            self.classes.append(("padded", *key))
+            self.templates.append(found)
+            self.first_records.append(self.first_records[classes[0]])
+            self.ragged.append(None)
+            self.one_row.append([])
+        return merged
 
     def _ragged_template(self, record: Record, signature: tuple) -> Template | RowReduction | Fold | None:
         """The op itself over rows of any number (``R``), cached as templates are."""
@@ -569,6 +620,8 @@ class _Planner:
         template = self.templates[cls]
         if isinstance(template, Fold):
             return [self._fold_step(members)]
+        if isinstance(template, Padding):
+            return [step for chunk in padded_chunks(members) for step in self._padded_steps(chunk, template)]
         if isinstance(template, RowReduction) or isinstance(template, Template) and template.ragged:
             return [self._ragged_step(members, template)]
         if isinstance(template, str):  # _PER_SIZE
@@ -596,6 +649,28 @@ class _Planner:
         reads = [self._rows(inputs[i]) for i in template.stacked]
         writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
+
+    def _padded_steps(self, chunk: list[Record], padded: Padding) -> list[Step]:
+        """A chunk's launch: its last (longest) member's template over every member's operands
+        padded to that member's shapes (``batcher.padding``); a plain step where their shapes
+        agree, one a member where the rule refuses their number."""
+        top = chunk[-1]
+        template = self._template(top, None)
+        if template == _PER_SIZE:
+            template = self._template(top, len(chunk))
+        if isinstance(template, Refusal):
+            return [self._step([member], self._template(member, None, solo=template.reason)) for member in chunk]  # type: ignore[arg-type]
+        assert isinstance(template, Template)
+        if all(member.key == top.key for member in chunk):
+            return [self._step(chunk, template)]
+        fills = dict(padded.fills)
+        reads = [(LITERALS, Padded(Pieces(self.where(member.inputs[i]) for member in chunk), tuple(top.entries[i].shape),
+                                   fills.get(i, 0.0), tuple(tuple(member.entries[i].shape) for member in chunk)))
+                 for i in template.stacked]
+        writes = [Unpadded([self._write(member, k, [member.outputs[k]], False) for member in chunk],
+                           tuple(tuple(member.types[k].shape) for member in chunk))
+                  for k, name in enumerate(top.outputs) if name]
+        return [Step(template, len(chunk), reads, [top.inputs[i] for i in template.fed], writes)]
 
     def _loose(self, name: str) -> tuple[int, str]:
         self.loose.add(name)

@@ -5,9 +5,10 @@ over all of them padded to the longest (a second export, for a padded batch with
 kept plan, one onnxruntime session) and a new mix of lengths every call (what a server sees;
 timed once every length 5..60 has been seen once, a server's steady state).
 
-    python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2] [--size 256] [--texts 64]
+    python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2,cnn] [--size 256] [--texts 64]
 
-Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix. Every
+Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix; the
+CNN's images are 16..64 pixels a side. Every
 batched result is checked against onnxruntime's for its text alone first (float32 within 1e-4
 relative: a projection of every text's rows sums in another order). Padding is exact only where
 a mask reaches every padded position: not for the taggers' reverse direction (its time says
@@ -39,7 +40,22 @@ def texts(sizes: list[int], rng: np.random.Generator) -> list[dict[str, np.ndarr
     return [{"ids": rng.integers(0, exports.VOCABULARY, (1, n))} for n in sizes]
 
 
+def images(count: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    sides = rng.integers(16, 65, (count, 2))
+    return [{"ids": rng.standard_normal((1, 3, int(h), int(w))).astype(np.float32)} for h, w in sides]
+
+
+def instances(name: str, count: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    return images(count, rng) if name == "cnn" else texts(lengths(count, rng), rng)
+
+
 def padded(batch: list[dict[str, np.ndarray]], inputs: set[str]) -> dict[str, np.ndarray]:
+    if batch[0]["ids"].ndim == 4:  # images: zeros to the right and below
+        height, width = (max(image["ids"].shape[axis] for image in batch) for axis in (2, 3))
+        stacked = np.zeros((len(batch), 3, height, width), np.float32)
+        for k, image in enumerate(batch):
+            stacked[k, :, :image["ids"].shape[2], :image["ids"].shape[3]] = image["ids"][0]
+        return {"ids": stacked}
     longest = max(text["ids"].shape[1] for text in batch)
     ids = np.zeros((len(batch), longest), np.int64)
     mask = np.zeros((len(batch), longest), np.int64)
@@ -61,7 +77,7 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
     one = exports.export(module, folder / f"{name}.onnx", dynamo=dynamo)
     many = exports.export(module, folder / f"{name}-padded.onnx", dynamo=dynamo, padded=True)
     rng = np.random.default_rng(0)
-    batch = texts(lengths(count, rng), rng)
+    batch = instances(name, count, rng)
     alone, pad = session_of(one), session_of(many)
     pad_inputs = {info.name for info in pad.get_inputs()}
     ours = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
@@ -76,16 +92,18 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
     seconds["ours, run_batch, the same mix again"] = timed(lambda: ours.run_batch(None, batch), repeats)[1]
     # A server's steady state: every length seen once (its shapes typed, its templates made), then
     # each call a mix of lengths never batched together before.
-    ours.run_batch(None, texts(list(range(5, 61)), rng))
-    mixes = [texts(lengths(count, rng), rng) for _ in range(repeats)]
+    if name != "cnn":  # (images: most of their 49^2 sizes are new in each mix)
+        ours.run_batch(None, texts(list(range(5, 61)), rng))
+    mixes = [instances(name, count, rng) for _ in range(repeats)]
     new = []
     for mix in mixes:
         start = time.perf_counter()
         ours.run_batch(None, mix)
         new.append(time.perf_counter() - start)
-    seconds["ours, run_batch, a new mix each call (lengths seen)"] = min(new)
-    print(f"{name}: size {size}, {count} texts, lengths {min(t['ids'].shape[1] for t in batch)}.."
-          f"{max(t['ids'].shape[1] for t in batch)}; {ours.stats.report.launches} launches "
+    seconds[f"ours, run_batch, a new mix each call ({'sizes new' if name == 'cnn' else 'lengths seen'})"] = min(new)
+    extent = [t["ids"].shape[-1] for t in batch]
+    print(f"{name}: size {size}, {count} instances, lengths (or widths) {min(extent)}..{max(extent)}; "
+          f"{ours.stats.report.launches} launches "
           f"({ours.stats.report.launches_by_op.get('Softmax', 0)} Softmax)")
     print_against(seconds, "onnxruntime, one text at a time", lambda value: f"{value * 1e3:9.2f} ms")
     return seconds
@@ -93,7 +111,7 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     parser = arguments.parser("python -m benchmarks.exported_models", __doc__.splitlines()[0])
-    parser.add_argument("--models", default="lstm,encoder,bert,gpt2", help=f"some of {','.join(exports.MODELS)}")
+    parser.add_argument("--models", default="lstm,encoder,bert,gpt2,cnn", help=f"some of {','.join(exports.MODELS)}")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="model width")
     parser.add_argument("--texts", type=arguments.integer(1), default=64)
     parser.add_argument("--repeats", type=arguments.integer(1), default=3)

@@ -1,6 +1,7 @@
 """Models as PyTorch and Hugging Face export them, built from small configs with random weights
 (no downloads): an embedding and a bidirectional LSTM or GRU tagger, ``nn.TransformerEncoder``,
-BERT and GPT-2. ``export`` writes one for ONE instance (``ids [1, length]``), as most users
+BERT, GPT-2, and a CNN over images of any size. ``export`` writes one for ONE instance
+(``ids [1, length]``; the CNN's ``ids`` are an image ``[1, 3, height, width]``), as most users
 bring it; ``padded=True`` writes it for a padded batch instead (``ids [batch, length]`` and
 ``mask [batch, length]``, 1 for a real token), what a user would run to batch by padding.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 VOCABULARY = 100
-MODELS = ("lstm", "gru", "encoder", "bert", "gpt2")
+MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn")
 DYNAMO_ONLY = frozenset({"encoder"})  # the legacy exporter writes its head split for the traced length only
 
 
@@ -41,6 +42,20 @@ class Encoder(torch.nn.Module):
         return self.encoder(self.embedding(ids), src_key_padding_mask=padding)
 
 
+class Classifier(torch.nn.Module):
+    """Two convolutions, a global average pool and a linear layer: images of any size."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, size // 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(size // 4, size // 2, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1))
+        self.out = torch.nn.Linear(size // 2, 10)
+
+    def forward(self, ids, mask=None):  # images padded with zeros are not the images: not exact
+        return self.out(torch.flatten(self.features(ids), 1))
+
+
 class LastHidden(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -57,6 +72,8 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
         return Tagger(name.upper(), size).eval()
     if name == "encoder":
         return Encoder(size, layers).eval()
+    if name == "cnn":
+        return Classifier(size).eval()
     import transformers
 
     if name == "bert":
@@ -70,13 +87,17 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
 def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bool = False) -> Path:
     """``module`` written to ``path`` for one instance of any length, or (``padded``) for a
     padded batch of any size and length."""
-    ids = torch.randint(0, VOCABULARY, (2 if padded else 1, 7))
-    args = (ids, torch.ones_like(ids)) if padded else (ids,)
+    image = isinstance(module, Classifier)
+    ids = torch.randn(2 if padded else 1, 3, 16, 16) if image else torch.randint(0, VOCABULARY, (2 if padded else 1, 7))
+    args = (ids, torch.ones(ids.shape[0], ids.shape[-1], dtype=torch.int64)) if padded else (ids,)
     names = ["ids", "mask"] if padded else ["ids"]
     axes = {0: "batch", 1: "length"} if padded else {1: "length"}
+    if image:
+        axes = {0: "batch", 2: "height", 3: "width"} if padded else {2: "height", 3: "width"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' deprecations and notes
         torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=18 if dynamo else 17,
                           input_names=names, output_names=["y"],
-                          dynamic_axes={**{name: axes for name in names}, "y": axes})
+                          dynamic_axes={"ids": axes, **({"mask": {0: "batch", 1: "length"}} if padded else {}),
+                                        "y": ({0: "batch"} if padded else {}) if image else axes})
     return path

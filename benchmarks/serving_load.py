@@ -1,13 +1,16 @@
 """Load on the serving layer: many concurrent clients sending requests of varied sizes to
 ``autobatch serve`` on loopback, batched versus the same server with batching off.
 
-    python -m benchmarks.serving_load [--requests 600] [--clients 32] [--time-limit 60]
+    python -m benchmarks.serving_load [--requests 600] [--clients 32] [--time-limit 60] [--model pooled]
 
-The model is one instance of a pooled encoder: ``x: float[N, 128]`` (N, the length, differs
-per request, so concurrent requests have different graphs) -> MatMul, Tanh -> mean over N ->
-a 512-2048-512 MLP -> scores. The server runs in its own process; the clients are threads
-here, each on a keep-alive connection, sending Triton's binary tensors. Every response is
-checked against ``InferenceSession.run`` of that instance alone: none may be lost or differ.
+The model (``--model pooled``) is one instance of a pooled encoder: ``x: float[N, 128]`` (N, the
+length, differs per request, so concurrent requests have different graphs) -> MatMul, Tanh ->
+mean over N -> a 512-2048-512 MLP -> scores. ``--model lstm`` (or ``bert``, any of
+``benchmarks.exports``) serves that model as PyTorch or Hugging Face export it for one text
+(``ids: int64[1, N]``, N lognormal, median 17, 5..60; width ``--size``). The server runs in its
+own process; the clients are threads here, each on a keep-alive connection, sending Triton's
+binary tensors. Every response is checked against ``InferenceSession.run`` of that instance
+alone: none may be lost or differ.
 """
 
 from __future__ import annotations
@@ -59,12 +62,25 @@ def build_model(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def binary_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+@dataclass(frozen=True)
+class Served:
+    """The model a server loads: its name (the file's), its input and output names."""
+
+    name: str
+    input: str
+    output: str
+
+
+POOLED = Served("pooled", "x", "scores")
+DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+
+
+def binary_request(x: np.ndarray, served: Served = POOLED) -> tuple[bytes, dict[str, str]]:
     """A v2 request with the input and the output as raw bytes (Triton's binary extension)."""
     raw = x.tobytes()
-    header = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+    header = json.dumps({"inputs": [{"name": served.input, "shape": list(x.shape), "datatype": DATATYPES[x.dtype],
                                      "parameters": {"binary_data_size": len(raw)}}],
-                         "outputs": [{"name": "scores", "parameters": {"binary_data": True}}]}).encode()
+                         "outputs": [{"name": served.output, "parameters": {"binary_data": True}}]}).encode()
     return header + raw, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
 
 
@@ -83,7 +99,8 @@ class Result:
     seconds: float = 0.0
 
 
-def drive(port: int, xs: list[np.ndarray], expected: list[np.ndarray], clients: int, time_limit: float) -> Result:
+def drive(port: int, xs: list[np.ndarray], expected: list[np.ndarray], clients: int, time_limit: float,
+          served: Served = POOLED) -> Result:
     """``clients`` threads send every request once (or until the time limit); every answer is checked."""
     result, lock, cursor = Result(), threading.Lock(), iter(range(len(xs)))
     deadline = time.monotonic() + time_limit
@@ -95,10 +112,10 @@ def drive(port: int, xs: list[np.ndarray], expected: list[np.ndarray], clients: 
                 k = next(cursor, None)
             if k is None:
                 break
-            body, headers = binary_request(xs[k])
+            body, headers = binary_request(xs[k], served)
             start = time.perf_counter()
             try:
-                connection.request("POST", "/v2/models/pooled/infer", body, headers)
+                connection.request("POST", f"/v2/models/{served.name}/infer", body, headers)
                 response = connection.getresponse()
                 data = response.read()
             except OSError as error:
@@ -146,7 +163,8 @@ def get(port: int, path: str) -> tuple[int, str]:
         connection.close()
 
 
-def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, expected) -> tuple[Result, float]:
+def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, expected,
+               served: Served = POOLED) -> tuple[Result, float]:
     """Start ``autobatch serve``, drive it, read the mean batch size from /metrics, stop it."""
     port = free_port()
     command = [sys.executable, "-m", "autobatch", "serve", model_path, "--port", str(port),
@@ -166,11 +184,11 @@ def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, ex
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not start: {process.stderr.read() if process.stderr else ''}")
             time.sleep(0.1)
-        drive(port, xs[:args.clients], expected[:args.clients], args.clients, args.time_limit)  # warm-up
-        result = drive(port, xs, expected, args.clients, args.time_limit)
+        drive(port, xs[:args.clients], expected[:args.clients], args.clients, args.time_limit, served)  # warm-up
+        result = drive(port, xs, expected, args.clients, args.time_limit, served)
         text = get(port, "/metrics")[1]
-        total = float(re.search(r'^autobatch_batch_size_sum\{model="pooled"\} (\S+)', text, re.M).group(1))
-        count = float(re.search(r'^autobatch_batch_size_count\{model="pooled"\} (\S+)', text, re.M).group(1))
+        total = float(re.search(rf'^autobatch_batch_size_sum\{{model="{served.name}"\}} (\S+)', text, re.M).group(1))
+        count = float(re.search(rf'^autobatch_batch_size_count\{{model="{served.name}"\}} (\S+)', text, re.M).group(1))
         return result, total / max(count, 1)
     finally:
         process.send_signal(signal.SIGTERM)
@@ -181,7 +199,7 @@ def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, ex
             process.wait()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = arguments.parser("python -m benchmarks.serving_load", __doc__.splitlines()[0])
     parser.add_argument("--requests", type=arguments.integer(1), default=600)
     parser.add_argument("--clients", type=arguments.integer(1), default=32)
@@ -190,24 +208,37 @@ def main() -> int:
     parser.add_argument("--max-batch-size", type=arguments.integer(1), default=32)
     parser.add_argument("--batch-wait-timeout-s", type=float, default=0.002)
     parser.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
-    args = parser.parse_args()
+    parser.add_argument("--model", default="pooled", help="pooled, or one of benchmarks.exports' models (lstm, bert, ...)")
+    parser.add_argument("--size", type=arguments.integer(1), default=256, help="an exported model's width")
+    args = parser.parse_args(argv)
 
     rng = np.random.default_rng(1)
-    model = build_model()
-    lengths = rng.integers(1, args.max_length + 1, args.requests)
-    xs = [rng.standard_normal((int(n), D)).astype(np.float32) for n in lengths]
-    session = InferenceSession(model)
-    expected = [session.run(None, {"x": x})[0] for x in xs]
-    print(f"{args.requests} requests, lengths 1..{args.max_length} ({len(set(lengths.tolist()))} distinct), "
-          f"{args.clients} concurrent clients, backend {args.backend}, max batch {args.max_batch_size}, "
-          f"wait {args.batch_wait_timeout_s * 1e3:g} ms")
-    print(f"{'server':<14}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'ok':>6}{'lost':>6}{'wrong':>7}")
-    lost_or_wrong = 0
     with tempfile.TemporaryDirectory() as folder:
-        path = str(Path(folder) / "pooled.onnx")
-        onnx.save(model, path)
+        path = str(Path(folder) / f"{args.model}.onnx")
+        if args.model == "pooled":
+            served = POOLED
+            onnx.save(build_model(), path)
+            lengths = rng.integers(1, args.max_length + 1, args.requests)
+            xs = [rng.standard_normal((int(n), D)).astype(np.float32) for n in lengths]
+        else:
+            from benchmarks import exports
+            from benchmarks.exported_models import lengths as lognormal
+
+            if args.model not in exports.MODELS:
+                parser.error(f"unknown model {args.model!r}: pooled, or one of {', '.join(exports.MODELS)}")
+            served = Served(args.model, "ids", "y")
+            exports.export(exports.build(args.model, args.size), Path(path), dynamo=args.model in exports.DYNAMO_ONLY)
+            lengths = np.array(lognormal(args.requests, rng))
+            xs = [rng.integers(0, exports.VOCABULARY, (1, int(n))) for n in lengths]
+        session = InferenceSession(path)
+        expected = [session.run(None, {served.input: x})[0] for x in xs]
+        print(f"{args.requests} requests to {args.model}, lengths {lengths.min()}..{lengths.max()} "
+              f"({len(set(lengths.tolist()))} distinct), {args.clients} concurrent clients, backend {args.backend}, "
+              f"max batch {args.max_batch_size}, wait {args.batch_wait_timeout_s * 1e3:g} ms")
+        print(f"{'server':<14}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'ok':>6}{'lost':>6}{'wrong':>7}")
+        lost_or_wrong = 0
         for label, batching in (("batching on", True), ("batching off", False)):
-            result, mean_batch = run_server(path, batching, args, xs, expected)
+            result, mean_batch = run_server(path, batching, args, xs, expected, served)
             lost = args.requests - result.ok - result.mismatched
             lost_or_wrong += lost + result.mismatched
             p50, p99 = (np.percentile(result.latencies, q) * 1e3 for q in (50, 99)) if result.latencies else (0, 0)

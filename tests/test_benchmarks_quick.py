@@ -86,3 +86,15 @@ def test_exported_models_benchmark_checks_and_compares(capsys, tmp_path) -> None
         assert system in printed
     assert set(json.loads((tmp_path / "times.json").read_text())["lstm"]) >= {
         "onnxruntime, one text at a time", "ours, run_batch, a new mix each call (lengths seen)"}
+
+
+def test_serving_load_serves_an_exported_model_with_nothing_lost_or_wrong(capsys) -> None:
+    """A real ``autobatch serve`` on loopback, batching on and off, for the LSTM tagger as
+    PyTorch exports it: every answer checked against the instance run alone."""
+    pytest.importorskip("torch")
+    from benchmarks import serving_load
+
+    assert serving_load.main(["--model", "lstm", "--size", "8", "--requests", "12", "--clients", "4",
+                              "--backend", "onnxruntime"]) == 0
+    printed = capsys.readouterr().out
+    assert "batching on" in printed and "batching off" in printed

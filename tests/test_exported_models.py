@@ -8,6 +8,7 @@ tests skip.)"""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from autobatch import InferenceSession
+from autobatch.batcher.padding import CHUNK
 from tests.oracle import assert_same
 
 torch = pytest.importorskip("torch")
@@ -74,8 +76,8 @@ def test_an_exported_recurrent_tagger_batches_across_lengths(tmp_path, cell, bac
                                           ("gpt2", True)])
 def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(tmp_path, name, dynamo, backend):
     """Every projection, layer norm and feed-forward layer is one launch over the rows of every
-    text, whatever their lengths; only the attention products of one text with itself stay a
-    launch a length."""
+    text, whatever their lengths; the attention products of one text with itself run padded, a
+    launch for every 8 texts (``batcher.padding``), no longer a launch a length."""
     if name in ("bert", "gpt2"):
         pytest.importorskip("transformers")
     path = exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo)
@@ -83,4 +85,23 @@ def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(tmp_
     # kernels block by the number of rows): float32 within 1e-4 relative.
     session = run_and_compare(path, backend, rtol=1e-4, atol=1e-5)
     nodes = assert_row_wise_once(session, path)
-    assert session.stats.report.launches_by_op["Softmax"] == len(set(LENGTHS)) * nodes["Softmax"]
+    assert session.stats.report.launches_by_op["Softmax"] == math.ceil(len(LENGTHS) / CHUNK) * nodes["Softmax"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_an_exported_cnn_batches_images_of_each_size_and_its_head_across_sizes(tmp_path, backend):
+    """Convolutions run a launch per image size; once pooled to [1, C, 1, 1], every image's
+    head is one launch."""
+    path = exports.export(exports.build("cnn", 16), tmp_path / "cnn.onnx")
+    rng = np.random.default_rng(0)
+    sizes = [(16, 16), (24, 20), (16, 16), (33, 17), (24, 20), (18, 40)]
+    batch = [{"ids": rng.standard_normal((1, 3, h, w)).astype(np.float32)} for h, w in sizes]
+    alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = InferenceSession(str(path), backend=backend)
+    for _ in range(2):
+        for k, (got, feeds) in enumerate(zip(session.run_batch(None, batch), batch, strict=True)):
+            # a convolution of several images at once may sum in another order: 1e-4 relative
+            assert_same(got[0], alone.run(None, feeds)[0], rtol=1e-4, atol=1e-5, what=f"image {k}")
+    launches = session.stats.report.launches_by_op
+    assert session.stats.report.alone == {}
+    assert launches["Conv"] == 2 * len(set(sizes)) and launches["Gemm"] == 1

@@ -1,0 +1,148 @@
+"""Padded batching: one node of a model over instances of different lengths, where ragged
+batching cannot take it (attention's ``[1, h, L, L]`` scores, the products that make and use
+them, the Transposes and Reshapes between), runs in chunks of instances, each padded to its
+longest member, rather than a launch a length.
+
+Instances are sorted by their shapes and cut into chunks of at most ``CHUNK``, each chunk's last
+member at least as long as the others in every axis: that member's own template runs for the
+chunk, every member's operands placed at the start of zeros of that member's shapes, and each
+member's result cut out of it. It is exact where every real position of the result is computed
+from real positions of the operands alone: position by position (elementwise ops, with the same
+broadcasting for every member), through a product whose padded terms are zeros (MatMul over a
+padded axis adds zeros), by a reshape that keeps padded axes whole, or by a Softmax over a padded
+axis whose padded scores are so negative that their exponentials are 0 (``SOFTMAX_FILL``). The
+padded positions of a result are never read. (A product or a sum over more terms, the added ones
+zeros, may round differently from the instance alone, as ragged products do.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autobatch.ir import ValueType, attribute_value
+
+CHUNK = 8  # instances a padded launch (as ``batcher.sequences`` chunks sequences)
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Where", "Cast", "Equal", "Not", "And", "Or", "Neg", "Relu", "Tanh", "Sigmoid", "Erf",
+    "Abs", "Exp", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Identity",
+})
+DIVISORS = frozenset({"Div"})  # elementwise, by a shared divisor only (a padded one would divide by 0)
+SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+
+
+@dataclass(frozen=True)
+class Padding:
+    """The template of a class of padded members: its steps are worked out from its members
+    (``flat``). ``fills``: the value to pad each stacked operand with, by input index (0 if
+    not given)."""
+
+    fills: tuple[tuple[int, float], ...]
+
+
+def padding(records: list[Any], opset: int) -> Padding | None:
+    """How the records (one of each class of one node: per class, its members' types) batch
+    padded, or None where padding would change a real position's value (see the module)."""
+    first = records[0]
+    if first.domain or any(len(r.entries) != len(first.entries) or len(r.types) != len(first.types) for r in records):
+        return None
+    data = [i for i, entry in enumerate(first.entries) if isinstance(entry, ValueType)]
+    if not data or any([i for i, e in enumerate(r.entries) if isinstance(e, ValueType)] != data for r in records):
+        return None
+    shapes = [[r.entries[i].shape for i in data] + [t.shape if t is not None else None for t in r.types] for r in records]
+    if any(shape is None for row in shapes for shape in row):
+        return None
+    if any(len(shape) != len(other) for row in shapes for shape, other in zip(row, shapes[0])):
+        return None
+    if any(r.entries[i].elem_type != first.entries[i].elem_type for r in records for i in data):
+        return None
+    # Shared operands the same for every member (but a Reshape's target: the longest member's
+    # is the padded shape); one instance's own constant (a mask folded for its length) is not.
+    own_target = {1} if first.op_type == "Reshape" else set()
+    if any(r.entries[i] != first.entries[i] for r in records for i in range(len(first.entries))
+           if i not in data and i not in own_target):
+        return None
+    op = first.op_type
+    fills: dict[int, float] = {}
+    if op in ELEMENTWISE or op in DIVISORS and data == [0]:
+        if not _broadcasts_alike(records, data):
+            return None
+    elif op == "MatMul":
+        if any(len(first.entries[i].shape) < 2 for i in data) or not _broadcasts_alike(records, data, 2):
+            return None
+    elif op == "Transpose":
+        pass
+    elif op == "Reshape":
+        if data != [0] or not _keeps_padded_axes_whole([row[0] for row in shapes], [row[1] for row in shapes]):
+            return None
+    elif op in SOFTMAX and opset >= 13:
+        if data != [0]:
+            return None
+        proto = first.attributes.get("axis")
+        axis = (attribute_value(proto) if proto is not None else -1) % len(shapes[0][0])
+        if len({row[0][axis] for row in shapes}) > 1:
+            fills[0] = softmax_fill(first.entries[0].dtype)
+    else:
+        return None
+    return Padding(tuple(sorted(fills.items())))
+
+
+def softmax_fill(dtype: np.dtype) -> float:
+    """Padded scores for a Softmax: exp of (this - the largest real score) is 0, with no
+    overflow to -inf and no NaN in a row of padding alone (half the lowest finite value)."""
+    return float(np.finfo(dtype).min) / 2
+
+
+def _broadcasts_alike(records: list[Any], data: list[int], matrix: int = 0) -> bool:
+    """Every per-instance operand broadcasts to the result the same way for every member: along
+    each axis (but the last ``matrix`` ones, a product's), its size is the result's for every
+    member, or 1 for every member. Padded, a size of 1 for one member and not for another would
+    stop broadcasting its value over that member's real positions."""
+    for i in data:
+        for r in records:
+            operand, out = r.entries[i].shape, r.types[0].shape
+            if len(operand) > len(out):
+                return False
+        for axis in range(1, len(records[0].entries[i].shape) - matrix + 1):
+            pairs = [(r.entries[i].shape[-axis - matrix], r.types[0].shape[-axis - matrix]) for r in records]
+            if not (all(size == out for size, out in pairs) or all(size == 1 for size, _ in pairs)):
+                return False
+    return True
+
+
+def _keeps_padded_axes_whole(ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> bool:
+    """A reshape of each member's ``ins[m]`` to ``outs[m]`` maps padded values to padded
+    values: the axes whose sizes differ between members are as many on both sides, of the same
+    sizes in order for every member, and the axes between them (the same for every member)
+    hold as many elements on both sides. Then each member's elements move as the longest's do."""
+    def varying(shapes: list[tuple[int, ...]]) -> list[int]:
+        return [axis for axis in range(len(shapes[0])) if len({shape[axis] for shape in shapes}) > 1]
+
+    vin, vout = varying(ins), varying(outs)
+    if len(vin) != len(vout) or any(i[a] != o[b] for i, o in zip(ins, outs) for a, b in zip(vin, vout)):
+        return False
+    bounds_in, bounds_out = [-1, *vin, len(ins[0])], [-1, *vout, len(outs[0])]
+    return all(math.prod(ins[0][a + 1:b]) == math.prod(outs[0][c + 1:d])
+               for (a, b), (c, d) in zip(zip(bounds_in, bounds_in[1:]), zip(bounds_out, bounds_out[1:])))
+
+
+def padded_chunks(members: list[Any]) -> list[list[Any]]:
+    """Members (records) sorted by their shapes, cut into chunks of at most ``CHUNK`` whose last
+    member is at least as long as each other one along every axis of every value."""
+    def shapes(member: Any) -> tuple:
+        return tuple(tuple(e.shape) for e in member.entries if isinstance(e, ValueType)) + \
+            tuple(tuple(t.shape) for t in member.types if t is not None)
+
+    ordered = sorted(members, key=lambda member: (shapes(member), member.instance))
+    parts: list[list[Any]] = []
+    for member in ordered:
+        mine = shapes(member)
+        if parts and len(parts[-1]) < CHUNK and all(
+                all(a >= b for a, b in zip(x, y)) for x, y in zip(mine, shapes(parts[-1][-1]))):
+            parts[-1].append(member)
+        else:
+            parts.append([member])
+    return parts
