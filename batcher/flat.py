@@ -903,6 +903,17 @@ class InstanceRecords:
     own: set[str]  # the instance's own values (renamed per instance)
     producer: dict[str, int]
     weights: dict[str, np.ndarray]
+    named: dict[str, str] = field(default_factory=dict)  # a constant's name by its value (``_own_name``), once worked out
+
+    def own_name(self, instance: int, name: str) -> str:
+        """An own constant named by its value where small (instances with the same value share
+        it, and a record's key, by which what plans learn is kept, does not depend on where the
+        instance is in its mix), else by its instance."""
+        named = self.named.get(name)
+        if named is None:
+            key = _constant_key(name, self.weights[name])
+            named = self.named[name] = f"{name}#{key[3].hex()}" if isinstance(key, tuple) else ""
+        return named or f"i{instance}/{name}"
 
 
 def instance_records(graph: Graph) -> InstanceRecords:
@@ -932,14 +943,16 @@ def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[s
     """The records of a batch: those of instance k after those of instances 0..k-1, its own
     values named ``i{k}/name``; the record producing each value; and the constants they read.
     A constant every instance has alike is shared; one that differs (an unrolled loop's trip
-    values, say) is instance k's own, ``i{k}/name``, and so are the entries that name it."""
+    values, a value folded for a length) is the instance's own, and so are the entries that name
+    it: named by its value where small (``InstanceRecords.own_name``)."""
     weights = _common_weights([piece.weights for piece in pieces])
     records: list[Record] = []
     producer: dict[str, int] = {}
     for k, piece in enumerate(pieces):
         offset = len(records)
         own = [name for name in piece.weights if name not in weights]
-        names = {name: f"i{k}/{name}" for name in (*piece.own, *own)}
+        names = {name: f"i{k}/{name}" for name in piece.own}
+        names.update((name, piece.own_name(k, name)) for name in own)
         weights.update((names[name], piece.weights[name]) for name in own)
         rename = names.get
         for r in piece.records:
