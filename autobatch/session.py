@@ -321,15 +321,18 @@ class InferenceSession:
     def _whole_plan(self, key: tuple | None, entry: _FlatPlan, checked: list[dict[str, Any]],
                     union_feeds: dict[str, Any], names: list[str]) -> WholePlan | None:
         """A kept plan's one onnxruntime session (``backends.whole_plan``), made on its second
-        use; None on NumPy, for a plan not kept, or one that cannot run so (said once in the log)."""
+        use; None on NumPy, for a plan not kept, or one that cannot run so (said once in the log).
+        It is planned again without padding: in one session a launch a length costs microseconds,
+        less than padding does (``batcher.padding`` is for plans run a Python call a launch)."""
         if self.backend != "onnxruntime" or key is None or not self._whole_plans.size or entry.whole_refusal is not None:
             return None
         whole = self._whole_plans.get(key)
         if whole is None:
-            entry.whole_refusal = whole_plan_refusal(entry.plan)
+            unpadded = self._flat_plan(None, checked, union_feeds, names, padded=False)
+            entry.whole_refusal = whole_plan_refusal(unpadded.plan)
             if entry.whole_refusal is None:
                 try:
-                    whole = WholePlan(self._lowered(entry, checked, union_feeds, names), self.cache)
+                    whole = WholePlan(self._lowered(unpadded, checked, union_feeds, names), self.cache)
                 except UnsupportedByOnnxruntime as error:
                     entry.whole_refusal = str(error)
             if whole is None:
@@ -339,7 +342,7 @@ class InferenceSession:
         return whole
 
     def _flat_plan(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
-                   names: list[str]) -> _FlatPlan:
+                   names: list[str], padded: bool = True) -> _FlatPlan:
         pieces = [self._records_of(feeds) for feeds in checked]
         records, producer, weights = mix_records(pieces)
         wanted = [plan_name(k, name, producer, weights) for k in range(len(checked)) for name in names]
@@ -348,7 +351,7 @@ class InferenceSession:
         # not across unrolled instances, whose constants are their own.
         known = self._known_records if key is not None else None
         plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
-                            self.graph.opset_imports, self.batching.scheduler_name, known, apart=True)
+                            self.graph.opset_imports, self.batching.scheduler_name, known, apart=True, padded=padded)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
 
     def plan_model(self, feeds_list: Sequence[Mapping[str, Any]]) -> ModelProto:
@@ -358,7 +361,8 @@ class InferenceSession:
         checked = [check_feeds(self.graph, feeds) for feeds in feeds_list]
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
         names = list(self.graph.outputs)
-        return self._lowered(self._flat_plan(None, checked, union_feeds, names), checked, union_feeds, names)
+        return self._lowered(self._flat_plan(None, checked, union_feeds, names, padded=False), checked, union_feeds,
+                             names)
 
     def _lowered(self, entry: _FlatPlan, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
                  names: list[str]) -> ModelProto:

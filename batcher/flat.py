@@ -239,20 +239,21 @@ _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged cl
 def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
                  opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None,
-                 apart: bool = False) -> FlatPlan:
+                 apart: bool = False, padded: bool = True) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
     learnt of record keys, for a caller whose keys (and weights) stay the same across plans.
     ``apart``: no record reads a value of another instance (``mix_records``' records), which
-    makes the schedulers' levels cheap to work out."""
+    makes the schedulers' levels cheap to work out, and (with ``padded``) lets the classes of
+    one node of the model over instances of different shapes run padded (``batcher.padding``)."""
     if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
         _templates.clear()
         _keyed_functions.clear()
     start = time.perf_counter()
     planner = _Planner(weights, literals, functions, opsets, known)
     records, preds = _live(records, producers)
-    problem = planner.sign(records, preds, apart)
+    problem = planner.sign(records, preds, apart, padded)
     analysed = time.perf_counter()
     # No dependencies (a lockstep round over known values): every scheduler launches each class
     # once, and grouping by class is the cheapest way there.
@@ -312,7 +313,7 @@ class _Planner:
         self.known: dict[Hashable, tuple] = known if known is not None else {}
 
     # ------------------------------------------------------------------ signing
-    def sign(self, records: Sequence[Record], preds: list[list[int]], apart: bool = False) -> Problem:
+    def sign(self, records: Sequence[Record], preds: list[list[int]], apart: bool = False, padded: bool = True) -> Problem:
         """Signature classes (with their templates) of the records, and the problem (its parts
         the records' instances when they are ``apart``)."""
         class_of: dict[Hashable, int] = {}  # a record key -> its class
@@ -323,7 +324,7 @@ class _Planner:
                 cls = class_of[record.key] = self._class(record)
             record_class.append(cls)
         merged = self._merge_ragged()
-        if apart:
+        if apart and padded:
             merged = self._merge_padded(merged)
         sig = merged[np.array(record_class, dtype=np.int64)]
         self.record_class = sig.tolist()
