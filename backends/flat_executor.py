@@ -352,8 +352,13 @@ def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any
         return np.stack([_read(arenas, loose, a, r) for a, r in rows])
     if type(rows) is Padded:
         values = [_read(arenas, loose, a, r) for a, r in rows.pieces]
-        stacked = np.full((len(values), *rows.shape), rows.fill, values[0].dtype)
+        stacked = np.zeros((len(values), *rows.shape), values[0].dtype)
         for m, value in enumerate(values):
+            if rows.fill is not None:  # past the value's end along that axis, within its extent along the others
+                axis, fill = rows.fill
+                beyond = [slice(0, size) for size in value.shape]
+                beyond[axis] = slice(value.shape[axis], None)
+                stacked[(m, *beyond)] = fill
             stacked[(m, *map(slice, value.shape))] = value
         return stacked
     if arena == LOOSE:

@@ -19,7 +19,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template, Unpadded
+from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
 from autobatch.batcher.sequences import CHUNK
 from autobatch.ir.onnx_io import choose_ir_version
 from autobatch.ir.records import LEAF
@@ -167,11 +167,8 @@ class _Lowering:
             return self.batched(self.reshaped(block, [-1, *rows.shape]), self.lengths[block] // rows.length)
         if type(rows) is Shaped:
             return self.reshaped(self.read(arena, rows.rows), list(rows.shape))
-        if type(rows) is Padded:
-            dtype = helper.tensor_dtype_to_np_dtype(self.plan.kinds[rows.pieces[0][0]][0])
-            parts = [self.unsqueezed(self.padded(self.read(a, r), shape, rows.shape, np.array(rows.fill, dtype)))
-                     for (a, r), shape in zip(rows.pieces, rows.shapes)]
-            return self.batched(parts[0] if len(parts) == 1 else self.node("Concat", parts, axis=0)[0], len(parts))
+        if type(rows) is Padded:  # in one session a launch a length costs less than padding
+            raise ValueError("a padded plan is not lowered: plan it without padding (plan_records(..., padded=False))")
         if type(rows) is Pieces:
             parts = [self.unsqueezed(self.read(a, r)) for a, r in rows]
             return self.batched(parts[0] if len(parts) == 1 else self.node("Concat", parts, axis=0)[0], len(parts))
@@ -186,25 +183,6 @@ class _Lowering:
             elem_type, shape = self.plan.kinds[arena]
             return self.batched(self.constant(np.zeros((0, *shape), helper.tensor_dtype_to_np_dtype(elem_type))), 0)
         return self.made(entries)
-
-    def padded(self, tensor: str, shape: Sequence[int], to: Sequence[int], fill: np.ndarray) -> str:
-        """``tensor`` (of ``shape``) at the start of ``fill`` (a scalar of its dtype) of shape ``to``."""
-        if tuple(shape) == tuple(to):
-            return tensor
-        pads = [0] * len(shape) + [end - size for size, end in zip(shape, to)]
-        if self.opset < 11:
-            return self.node("Pad", [tensor], pads=pads, value=float(fill))[0]
-        return self.node("Pad", [tensor, self.constant(np.array(pads, np.int64)), self.constant(fill)])[0]
-
-    def unpadded(self, tensor: str, member: int, shape: Sequence[int]) -> str:
-        """Member ``member``'s value (of ``shape``), the start of its slot of ``tensor``."""
-        starts, ends = [member] + [0] * len(shape), [member + 1, *shape]
-        if self.opset < 10:
-            part = self.node("Slice", [tensor], starts=starts, ends=ends)[0]
-        else:
-            part = self.node("Slice", [tensor, self.constant(np.array(starts, np.int64)),
-                                       self.constant(np.array(ends, np.int64))])[0]
-        return self.axes("Squeeze", part, 0)
 
     def concatenated(self, parts: list[tuple[int, Shaped]], groups: list[tuple[int, int]]) -> str:
         """Every member's rows, group by group (``flat_executor._concatenated``)."""
@@ -266,11 +244,6 @@ class _Lowering:
         for write, value in zip(step.writes, outputs):
             if type(write) is Block:
                 self.arenas[write.arena] = self.entries(value, self.plan.rows[write.arena])
-            elif type(write) is Unpadded:
-                for m, ((arena, row), shape) in enumerate(zip(write.places, write.shapes)):
-                    part = self.unpadded(value, m, shape)
-                    self.arenas[arena][row] = (part, WHOLE)
-                    self.shapes[part] = tuple(shape)
             elif write[0] == LOOSE:
                 self.loose[write[1]] = value
             elif template is not None and template.once:

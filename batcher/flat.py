@@ -153,11 +153,12 @@ class Pieces(list):
 @dataclass(frozen=True)
 class Padded:
     """Values of different shapes (``shapes``) read as one stack ``[values, *shape]``, each at
-    the start of its slot, the rest ``fill`` (``batcher.padding``)."""
+    the start of its slot, the rest zeros; but, with ``fill`` ``(axis, value)``, ``value`` past
+    each value's end along that axis of its own (``batcher.padding``)."""
 
     pieces: Pieces
     shape: tuple[int, ...]
-    fill: float
+    fill: tuple[int, float] | None
     shapes: tuple[tuple[int, ...], ...]
 
 
@@ -323,10 +324,9 @@ class _Planner:
             if cls is None:
                 cls = class_of[record.key] = self._class(record)
             record_class.append(cls)
-        merged = self._merge_ragged()
+        sig = self._merge_ragged()[np.array(record_class, dtype=np.int64)]
         if apart and padded:
-            merged = self._merge_padded(merged)
-        sig = merged[np.array(record_class, dtype=np.int64)]
+            sig = self._merge_padded(sig, records)
         self.record_class = sig.tolist()
         solo = np.array([isinstance(t, Template) and t.solo for t in self.templates], dtype=bool)
         sig[solo[sig]] = UNBATCHABLE  # the schedulers run these one by one, and the bound counts them so
@@ -441,32 +441,36 @@ class _Planner:
             self.ragged.append(signature)
         return np.array(merged, dtype=np.int64)
 
-    def _merge_padded(self, merged: np.ndarray) -> np.ndarray:
-        """Classes of one node of the model (over instances apart) that no ragged class took and
-        that differ in their shapes become one padded class, where padding is exact
-        (``batcher.padding``); the new class of every class."""
-        by_node: dict[tuple, list[int]] = {}
-        for cls in range(len(merged)):
+    def _merge_padded(self, sig: np.ndarray, records: Sequence[Record]) -> np.ndarray:
+        """The records of one node of the model (over instances apart) in classes that no ragged
+        class took and that differ in their shapes become one padded class, where padding is
+        exact (``batcher.padding``); every record's class. By node, not by class: a class may
+        hold records of two nodes of one signature (a length's two products of one shape), at
+        different depths."""
+        keys: list[tuple | None] = []
+        by_node: dict[tuple, dict[int, Record]] = {}  # node -> its classes, a record of the node in each
+        for cls, record in zip(sig.tolist(), records):
             template = self.templates[cls]
             plain = template == _PER_SIZE or isinstance(template, Template) and not (
                 template.solo or template.once or template.ragged)
-            if merged[cls] == cls and plain:
-                first = self.first_records[cls]
-                key = (_node_of(first), first.op_type, self._attributes_key(first.attributes))
-                by_node.setdefault(key, []).append(cls)
-        merged = merged.copy()
+            key = (_node_of(record), record.op_type, self._attributes_key(record.attributes)) if plain else None
+            keys.append(key)
+            if key is not None:
+                by_node.setdefault(key, {}).setdefault(cls, record)
+        padded: dict[tuple, int] = {}
         for key, classes in by_node.items():
-            found = padding([self.first_records[cls] for cls in classes], self.opsets.get("", 1)) \
-                if len(classes) > 1 else None
-            if found is None:
-                continue
-            merged[classes] = len(self.classes)
-            self.classes.append(("padded", *key))
-            self.templates.append(found)
-            self.first_records.append(self.first_records[classes[0]])
-            self.ragged.append(None)
-            self.one_row.append([])
-        return merged
+            found = padding(list(classes.values()), self.opsets.get("", 1)) if len(classes) > 1 else None
+            if found is not None:
+                padded[key] = len(self.classes)
+                self.classes.append(("padded", *key))
+                self.templates.append(found)
+                self.first_records.append(next(iter(classes.values())))
+                self.ragged.append(None)
+                self.one_row.append([])
+        if not padded:
+            return sig
+        return np.array([padded.get(key, cls) if key is not None else cls for cls, key in zip(sig.tolist(), keys)],
+                        dtype=np.int64)
 
     def _ragged_template(self, record: Record, signature: tuple) -> Template | RowReduction | Fold | None:
         """The op itself over rows of any number (``R``), cached as templates are."""
@@ -666,7 +670,7 @@ class _Planner:
             return [self._step(chunk, template)]
         fills = dict(padded.fills)
         reads = [(LITERALS, Padded(Pieces(self.where(member.inputs[i]) for member in chunk), tuple(top.entries[i].shape),
-                                   fills.get(i, 0.0), tuple(tuple(member.entries[i].shape) for member in chunk)))
+                                   fills.get(i), tuple(tuple(member.entries[i].shape) for member in chunk)))
                  for i in template.stacked]
         writes = [Unpadded([self._write(member, k, [member.outputs[k]], False) for member in chunk],
                            tuple(tuple(member.types[k].shape) for member in chunk))
@@ -912,8 +916,10 @@ class InstanceRecords:
         instance is in its mix), else by its instance."""
         named = self.named.get(name)
         if named is None:
-            key = _constant_key(name, self.weights[name])
-            named = self.named[name] = f"{name}#{key[3].hex()}" if isinstance(key, tuple) else ""
+            key = _constant_key(name, self.weights[name])  # (name, dtype, shape, digest of the bytes)
+            value = hashlib.blake2b(repr(key[1:3]).encode() + key[3], digest_size=16).hexdigest() \
+                if isinstance(key, tuple) else ""
+            named = self.named[name] = f"{name}#{value}" if value else ""
         return named or f"i{instance}/{name}"
 
 

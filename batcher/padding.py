@@ -3,25 +3,27 @@ batching cannot take it (attention's ``[1, h, L, L]`` scores, the products that 
 them, the Transposes and Reshapes between), runs in chunks of instances, each padded to its
 longest member, rather than a launch a length.
 
-Instances are sorted by their shapes and cut into chunks of at most ``CHUNK``, each chunk's last
-member at least as long as the others in every axis: that member's own template runs for the
+Instances are sorted by their shapes and cut into chunks of at most ``CHUNK`` (or all those of
+one shape, when there are more), each chunk's last member at least as long as the others in
+every axis: that member's own template runs for the
 chunk, every member's operands placed at the start of zeros of that member's shapes, and each
 member's result cut out of it. It is exact where every real position of the result is computed
 from real positions of the operands alone: position by position (elementwise ops, with the same
 broadcasting for every member), through a product whose padded terms are zeros (MatMul over a
 padded axis adds zeros), by a reshape that keeps padded axes whole, or by a Softmax over a padded
-axis whose padded scores are so negative that their exponentials are 0 (``SOFTMAX_FILL``). The
-padded positions of a result are never read. (A product or a sum over more terms, the added ones
+axis whose padded scores are -inf, along that axis only (a row of real scores keeps its value,
+even one all -inf or all the lowest float, as masks write them; a row of padding alone is zeros,
+finite). The padded positions of a result are never read. (A product or a sum over more terms, the added ones
 zeros, may round differently from the instance alone, as ragged products do.)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from autobatch.ir import ValueType, attribute_value
 
@@ -37,10 +39,10 @@ SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 @dataclass(frozen=True)
 class Padding:
     """The template of a class of padded members: its steps are worked out from its members
-    (``flat``). ``fills``: the value to pad each stacked operand with, by input index (0 if
-    not given)."""
+    (``flat``). ``fills``: by input index, ``(axis, value)`` to pad that operand with along that
+    axis of its own (zeros everywhere else)."""
 
-    fills: tuple[tuple[int, float], ...]
+    fills: tuple[tuple[int, tuple[int, float]], ...]
 
 
 def padding(records: list[Any], opset: int) -> Padding | None:
@@ -66,7 +68,7 @@ def padding(records: list[Any], opset: int) -> Padding | None:
            if i not in data and i not in own_target):
         return None
     op = first.op_type
-    fills: dict[int, float] = {}
+    fills: dict[int, tuple[int, float]] = {}
     if op in ELEMENTWISE or op in DIVISORS and data == [0]:
         if not _broadcasts_alike(records, data):
             return None
@@ -83,17 +85,11 @@ def padding(records: list[Any], opset: int) -> Padding | None:
             return None
         proto = first.attributes.get("axis")
         axis = (attribute_value(proto) if proto is not None else -1) % len(shapes[0][0])
-        if len({row[0][axis] for row in shapes}) > 1:
-            fills[0] = softmax_fill(first.entries[0].dtype)
+        if len({row[0][axis] for row in shapes}) > 1:  # padded scores: exp(-inf - max) is 0
+            fills[0] = (axis, float("-inf"))
     else:
         return None
     return Padding(tuple(sorted(fills.items())))
-
-
-def softmax_fill(dtype: np.dtype) -> float:
-    """Padded scores for a Softmax: exp of (this - the largest real score) is 0, with no
-    overflow to -inf and no NaN in a row of padding alone (half the lowest finite value)."""
-    return float(np.finfo(dtype).min) / 2
 
 
 def _broadcasts_alike(records: list[Any], data: list[int], matrix: int = 0) -> bool:
@@ -130,19 +126,21 @@ def _keeps_padded_axes_whole(ins: list[tuple[int, ...]], outs: list[tuple[int, .
 
 
 def padded_chunks(members: list[Any]) -> list[list[Any]]:
-    """Members (records) sorted by their shapes, cut into chunks of at most ``CHUNK`` whose last
-    member is at least as long as each other one along every axis of every value."""
+    """Members (records) sorted by their shapes, cut into chunks whose last member is at least
+    as long as each other one along every axis of every value: those of one shape together when
+    they are ``CHUNK`` or more (a plain launch), else at most ``CHUNK`` a chunk."""
     def shapes(member: Any) -> tuple:
         return tuple(tuple(e.shape) for e in member.entries if isinstance(e, ValueType)) + \
             tuple(tuple(t.shape) for t in member.types if t is not None)
 
     ordered = sorted(members, key=lambda member: (shapes(member), member.instance))
     parts: list[list[Any]] = []
-    for member in ordered:
-        mine = shapes(member)
-        if parts and len(parts[-1]) < CHUNK and all(
+    for _, alike in itertools.groupby(ordered, key=shapes):
+        run = list(alike)
+        mine = shapes(run[0])
+        if len(run) >= CHUNK or not parts or len(parts[-1]) + len(run) > CHUNK or not all(
                 all(a >= b for a, b in zip(x, y)) for x, y in zip(mine, shapes(parts[-1][-1]))):
-            parts[-1].append(member)
+            parts.append(run)
         else:
-            parts.append([member])
+            parts[-1].extend(run)
     return parts

@@ -349,3 +349,44 @@ def test_an_empty_constant_concatenated_to_stacked_rows(backend):
     rng = np.random.default_rng(0)
     batched = assert_batched_equals_alone(session, [{"x": rng.standard_normal((n, 4)).astype(np.float32)} for n in (2, 3, 1)])
     assert batched[0][0].shape == (1, 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_own_constants_of_the_same_bytes_in_other_shapes_stay_apart(backend):
+    """Review of the value-named own constants: a [2, 3] and a [3, 2] of ones folded from the
+    shapes hold the same bytes; named by their bytes alone they shared one name, and the batch
+    added a [3, 2] to a [2, 3]."""
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]> g (float[A, B] x) => (float[A, B] y) {
+        s = Shape(x)
+        z = ConstantOfShape<value = float[1] {1.0}>(s)
+        y = Add(x, z) }""")
+    session = InferenceSession(model, backend=backend)
+    assert_batched_equals_alone(session, [{"x": np.arange(6, dtype=np.float32).reshape(shape)}
+                                          for shape in ((2, 3), (3, 2), (1, 6))])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("masked", [float(np.finfo(np.float32).min), float("-inf")])
+def test_a_softmax_row_masked_whole_keeps_its_value_padded(backend, masked):
+    """Review of padded attention: a row of scores all masked (the lowest float, as Hugging Face
+    masks write it, or -inf) is uniform (or NaN) alone; padded with half the lowest float, the
+    padding took its weight. Padded with -inf along the Softmax's axis it keeps its value."""
+    model = parse(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x, bool[1, L, L] m) => (float[1, L, L] p) <float[4, 4] w, float low> {{
+        q = MatMul(x, w)
+        k = Transpose<perm = [0, 2, 1]>(q)
+        s = MatMul(q, k)
+        t = Where(m, s, low)
+        p = Softmax<axis = -1>(t) }}""")
+    rng = np.random.default_rng(0)
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w"),
+                                    onnx.numpy_helper.from_array(np.array(masked, np.float32), "low")])
+    session = InferenceSession(model, backend=backend)
+    instances = []
+    for n in (2, 3, 5, 5):
+        mask = np.ones((1, n, n), bool)
+        mask[0, 0, :] = False
+        instances.append({"x": rng.standard_normal((1, n, 4)).astype(np.float32), "m": mask})
+    with np.errstate(invalid="ignore"):  # a row of -inf alone is NaN, batched too
+        assert_batched_equals_alone(session, instances)
+    assert session.stats.report.launches_by_op["Softmax"] == 1  # padded: one launch for the 3 lengths
