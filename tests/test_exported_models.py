@@ -28,6 +28,21 @@ LENGTHS = [5, 9, 3, 9, 12, 1, 7]
 ROW_WISE = ("LayerNormalization", "Gemm", "Erf", "Tanh", "Relu", "LogSoftmax")  # each once for all lengths
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``exported(name, size, dynamo)``: the model's export, made once for both backends."""
+    made: dict[tuple, Path] = {}
+
+    def export(name: str, size: int = 32, dynamo: bool = False) -> Path:
+        key = (name, size, dynamo)
+        if key not in made:
+            made[key] = exports.export(exports.build(name, size),
+                                       tmp_path_factory.mktemp("exports") / f"{name}.onnx", dynamo=dynamo)
+        return made[key]
+
+    return export
+
+
 def run_and_compare(path: Path, backend: str, rtol: float = 1e-5, atol: float = 1e-6) -> InferenceSession:
     """``run_batch`` twice (planned, then the kept plan: on onnxruntime one session) equals
     onnxruntime alone on each instance."""
@@ -53,13 +68,13 @@ def assert_row_wise_once(session: InferenceSession, path: Path) -> Counter:
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_an_exported_recurrent_tagger_batches_across_lengths(tmp_path, cell, backend):
+def test_an_exported_recurrent_tagger_batches_across_lengths(exported, cell, backend):
     """The exporter builds the zero initial states from the input's shape (Shape, Gather,
     Concat, ConstantOfShape): folded for each input signature, they leave the layer the plain
     case, packed across lengths; they ran one at a time per instance before. Its ids [1, L],
     embeddings [1, L, d] and tags run along axis 1, its layer's [L, 1, d] along axis 0: every
     op is one launch (33 for these 7 sentences before)."""
-    path = exports.export(exports.build(cell, 16), tmp_path / f"{cell}.onnx")
+    path = exported(cell, 16)
     session = run_and_compare(path, backend)
     nodes = assert_row_wise_once(session, path)
     launches = dict(session.stats.report.launches_by_op)
@@ -74,13 +89,13 @@ def test_an_exported_recurrent_tagger_batches_across_lengths(tmp_path, cell, bac
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("name, dynamo", [("encoder", True), ("bert", False), ("bert", True), ("gpt2", False),
                                           ("gpt2", True)])
-def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(tmp_path, name, dynamo, backend):
+def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(exported, name, dynamo, backend):
     """Every projection, layer norm and feed-forward layer is one launch over the rows of every
     text, whatever their lengths; the attention products of one text with itself run padded, a
     launch for every 8 texts (``batcher.padding``), no longer a launch a length."""
     if name in ("bert", "gpt2"):
         pytest.importorskip("transformers")
-    path = exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo)
+    path = exported(name, dynamo=dynamo)
     # A projection of every text's rows at once sums in another order than of one text's (the
     # kernels block by the number of rows): float32 within 1e-4 relative.
     session = run_and_compare(path, backend, rtol=1e-4, atol=1e-5)
@@ -89,10 +104,10 @@ def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(tmp_
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-def test_an_exported_cnn_batches_images_of_each_size_and_its_head_across_sizes(tmp_path, backend):
+def test_an_exported_cnn_batches_images_of_each_size_and_its_head_across_sizes(exported, backend):
     """Convolutions run a launch per image size; once pooled to [1, C, 1, 1], every image's
     head is one launch."""
-    path = exports.export(exports.build("cnn", 16), tmp_path / "cnn.onnx")
+    path = exported("cnn", 16)
     rng = np.random.default_rng(0)
     sizes = [(16, 16), (24, 20), (16, 16), (33, 17), (24, 20), (18, 40)]
     batch = [{"ids": rng.standard_normal((1, 3, h, w)).astype(np.float32)} for h, w in sizes]
