@@ -24,7 +24,7 @@ from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
-from autobatch.batcher.flat import FlatPlan, InstanceRecords, instance_records, mix_records, plan_records
+from autobatch.batcher.flat import FlatPlan, InstanceRecords, alike, instance_records, mix_records, plan_records
 from autobatch.batcher.constants import constant_value, constants_to_initializers, fold_known_values
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
@@ -539,8 +539,7 @@ class SharedConstants(dict):
             if array is None or value.literal:
                 continue
             first = self.setdefault(name, array)
-            if first is not array and first.dtype == array.dtype and first.shape == array.shape \
-                    and np.array_equal(first, array, equal_nan=array.dtype.kind in "fc"):
+            if alike(first, array):
                 value.const = first
         return graph
 

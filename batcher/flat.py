@@ -269,8 +269,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     locations = {name: planner.where(name) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
-    reads = [rows.rows if isinstance(rows, (Runs, Shaped)) else rows for rows in reads]
-    reads = [rows.rows if isinstance(rows, Runs) else rows for rows in reads]
+    reads = [_row_indices(rows) for rows in reads]
     gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked, or pieces
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once
@@ -877,6 +876,13 @@ def _by_length(members: list[Record], data: int, axis: int) -> tuple[list[Record
     return members, lengths, groups, bounds
 
 
+def _row_indices(rows: Rows) -> Rows:
+    """The rows a read takes from its arena, without the ``Runs`` and ``Shaped`` around them."""
+    while isinstance(rows, (Runs, Shaped)):
+        rows = rows.rows
+    return rows
+
+
 def _node_of(record: Record) -> str:
     """The name of a record's first output in its instance's graph (``mix_records`` prefixes it)."""
     name = record.outputs[0] if record.outputs else ""
@@ -981,7 +987,7 @@ def _common_weights(weights: Sequence[dict[str, np.ndarray]]) -> dict[str, np.nd
     if all(other is first for other in weights[1:]):
         return first
     return {name: array for name, array in first.items()
-            if all(name in other and _alike(array, other[name]) for other in weights[1:])}
+            if all(name in other and alike(array, other[name]) for other in weights[1:])}
 
 
 def _signed(entries: tuple, weights: Mapping[str, np.ndarray]) -> tuple:
@@ -998,7 +1004,8 @@ def _constant_key(name: str, array: np.ndarray) -> Hashable:
     return name, array.dtype.str, array.shape, hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _alike(a: np.ndarray, b: np.ndarray) -> bool:
+def alike(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same array, or equal ones of one dtype and shape (NaNs equal)."""
     return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
 
 

@@ -133,14 +133,16 @@ def padded_chunks(members: list[Any]) -> list[list[Any]]:
         return tuple(tuple(e.shape) for e in member.entries if isinstance(e, ValueType)) + \
             tuple(tuple(t.shape) for t in member.types if t is not None)
 
-    ordered = sorted(members, key=lambda member: (shapes(member), member.instance))
+    keyed = sorted(((shapes(member), member.instance, member) for member in members), key=lambda item: item[:2])
     parts: list[list[Any]] = []
-    for _, alike in itertools.groupby(ordered, key=shapes):
-        run = list(alike)
-        mine = shapes(run[0])
+    tops: list[tuple] = []  # the shapes of each chunk's last member
+    for mine, alike in itertools.groupby(keyed, key=lambda item: item[0]):
+        run = [member for _, _, member in alike]
         if len(run) >= CHUNK or not parts or len(parts[-1]) + len(run) > CHUNK or not all(
-                all(a >= b for a, b in zip(x, y)) for x, y in zip(mine, shapes(parts[-1][-1]))):
+                all(a >= b for a, b in zip(x, y)) for x, y in zip(mine, tops[-1])):
             parts.append(run)
+            tops.append(mine)
         else:
             parts[-1].extend(run)
+            tops[-1] = mine
     return parts
