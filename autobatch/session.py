@@ -32,6 +32,7 @@ from autobatch.ir import Graph, Recent, ValueType, from_onnx
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import DeadlineExceeded, WorkLimit, work_limit
 from autobatch.ir.types import type_of_value, type_text
+from autobatch.ways import ALONE, BATCHED, WayChooser
 
 log = logging.getLogger("autobatch")
 
@@ -54,20 +55,24 @@ class SessionStats:
     """The last ``run_batch``: its batching report, what ran, and seconds per phase."""
 
     instances: int
-    report: BatchReport
+    report: BatchReport | None  # None: every instance ran alone
     plan_cached: bool = False
     launches: int = 0
     sessions_created: int = 0
     cache_hits: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     whole_plan: bool = False  # the plan ran as one onnxruntime session (``backends.whole_plan``)
+    alone: int = 0  # instances run each alone, as measured faster than batching them (``autobatch.ways``)
+    why_alone: str = ""
 
     @property
     def copies_avoided(self) -> int:
-        return self.report.gathers_avoided
+        return self.report.gathers_avoided if self.report is not None else 0
 
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
+        if self.report is None:
+            return f"{self.instances} instances, each run alone ({self.why_alone}); {timing}"
         cached = " (cached plan" + (", one onnxruntime session)" if self.whole_plan else ")") if self.plan_cached else ""
         return (f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed, "
                 f"{self.sessions_created} sessions created, {self.cache_hits} cache hits; {timing}")
@@ -142,7 +147,7 @@ class InferenceSession:
     def __init__(self, model: ModelProto | Graph | bytes | str, sess_options: Any = None,
                  providers: Sequence[str] | None = None, *, backend: str | None = None, scheduler: str = "level",
                  threads: int | None = None, flat: bool = True, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 whole_plans: int = WHOLE_PLANS_KEPT) -> None:
+                 whole_plans: int = WHOLE_PLANS_KEPT, alone_when_faster: bool = True) -> None:
         """Called as onnxruntime's is: ``InferenceSession(path, sess_options, providers)``, where
         ``sess_options`` is an ``onnxruntime.SessionOptions`` (its ``intra_op_num_threads`` is
         read) and giving ``providers`` (or options) means the onnxruntime backend. ``backend``:
@@ -153,7 +158,9 @@ class InferenceSession:
         (``check``, ``run`` and ``run_batch`` refuse an instance past it), so that a trip count
         given with the feeds cannot make a run of any size. ``whole_plans``: on onnxruntime, the
         mixes of input shapes whose plan, once used again, runs as one session
-        (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step)."""
+        (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step).
+        ``alone_when_faster``: a batch may run each instance alone where that was measured
+        faster than batching batches of its kind (``autobatch.ways``); False: always batched."""
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -183,6 +190,7 @@ class InferenceSession:
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
+        self._ways = WayChooser() if alone_when_faster else None
 
     def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The feeds, once they fit the model's inputs and, for a model with control flow, once
@@ -230,16 +238,22 @@ class InferenceSession:
                 outputs = dict(zip(self.graph.outputs, self._single.run(feeds)))
                 return [outputs[name] for name in self._output_names(output_names)]
             if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
-                return self.run_batch(output_names, [feeds])[0]
+                key = None if self._control_flow else (_input_signature(feeds),)
+                return self._run_batched(self._output_names(output_names), [feeds], key, {}, time.perf_counter())[0]
         try:
             with work_limit(self.max_unrolled_nodes):
                 return self._interpreter.run(feeds, output_names)
         except WorkLimit as error:
             raise FeedError(str(error)) from None
 
+    def _run_alone(self, names: list[str], feeds: dict[str, Any]) -> list[np.ndarray]:
+        return self.run(names, feeds)
+
     def run_batch(self, output_names: Sequence[str] | None,
                   feeds_list: Sequence[Mapping[str, Any]]) -> list[list[np.ndarray]]:
-        """Many instances, batched; result ``[i][j]`` is output j of instance i."""
+        """Many instances, batched; result ``[i][j]`` is output j of instance i. A batch may run
+        each instance alone instead, where that was measured faster for batches of its kind
+        (``alone_when_faster``; ``stats.alone`` counts them)."""
         if not feeds_list:
             return []
         names = self._output_names(output_names)
@@ -252,6 +266,21 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
+        kept = key is not None and key in (self._flat_plans if self._flat is not None else self._plans)
+        way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
+        begin = time.perf_counter()
+        if way == ALONE:
+            results = [self._run_alone(names, feeds) for feeds in checked]
+            self.stats = SessionStats(len(checked), None, alone=len(checked), seconds={"alone": time.perf_counter() - begin},
+                                      why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
+        else:
+            results = self._run_batched(names, checked, key, seconds, start)
+        if self._ways is not None:
+            self._ways.record(len(checked), kept, way, time.perf_counter() - begin)
+        return results
+
+    def _run_batched(self, names: list[str], checked: list[dict[str, Any]], key: tuple | None,
+                     seconds: dict[str, float], start: float) -> list[list[np.ndarray]]:
         # The union graph names instance k's values "i{k}/name", but keeps constants shared.
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
         width = len(names)

@@ -3,7 +3,9 @@ many texts of different lengths, side by side: onnxruntime one text at a time; o
 over all of them padded to the longest (a second export, for a padded batch with a mask); and
 ``InferenceSession.run_batch``: the first call (planning and preparing), a repeated mix (its
 kept plan, one onnxruntime session) and a new mix of lengths every call (what a server sees;
-timed once every length 5..60 has been seen once, a server's steady state).
+timed once every length 5..60 has been seen once, a server's steady state), batched, and as a
+session with its defaults chooses (each new mix batched or each instance alone, whichever it
+measured faster: ``autobatch.ways``).
 
     python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2,cnn] [--size 256] [--texts 64]
 
@@ -26,6 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from autobatch import InferenceSession, arguments
+from autobatch.ways import BATCHED_FIRST
 from benchmarks import exports
 from benchmarks.timing import print_against, timed
 
@@ -80,7 +83,9 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
     batch = instances(name, count, rng)
     alone, pad = session_of(one), session_of(many)
     pad_inputs = {info.name for info in pad.get_inputs()}
-    ours = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
+    # Always batched, to time the batched plan itself (a session's default may run a new mix
+    # each alone, where it measured that faster: ``autobatch.ways``; timed below on its own).
+    ours = InferenceSession(str(one), backend="onnxruntime", threads=THREADS, alone_when_faster=False)
     start = time.perf_counter()
     first = ours.run_batch(None, batch)
     seconds = {"ours, first call (plans, prepares)": time.perf_counter() - start}
@@ -100,12 +105,26 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
         start = time.perf_counter()
         ours.run_batch(None, mix)
         new.append(time.perf_counter() - start)
-    seconds[f"ours, run_batch, a new mix each call ({'sizes new' if name == 'cnn' else 'lengths seen'})"] = min(new)
+    seen = "sizes new" if name == "cnn" else "lengths seen"
+    seconds[f"ours, run_batch, a new mix each call ({seen})"] = min(new)
+    chosen = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
+    if name != "cnn":
+        chosen.run_batch(None, texts(list(range(5, 61)), rng))
+    ways, chosen_seconds = [], []
+    for _ in range(BATCHED_FIRST + 2):  # what a new mix costs batched and alone, as the session measures it
+        chosen.run_batch(None, instances(name, count, rng))
+    for mix in mixes:
+        start = time.perf_counter()
+        chosen.run_batch(None, mix)
+        chosen_seconds.append(time.perf_counter() - start)
+        ways.append("alone" if chosen.stats.alone else "batched")
+    seconds[f"ours, run_batch as a session chooses, a new mix each call ({seen})"] = min(chosen_seconds)
     extent = [t["ids"].shape[-1] for t in batch]
     print(f"{name}: size {size}, {count} instances, lengths (or widths) {min(extent)}..{max(extent)}; "
           f"{ours.stats.report.launches} launches "
           f"({ours.stats.report.launches_by_op.get('Softmax', 0)} Softmax)")
     print_against(seconds, "onnxruntime, one text at a time", lambda value: f"{value * 1e3:9.2f} ms")
+    print(f"  the session chose for its timed new mixes: {', '.join(ways)}")
     return seconds
 
 

@@ -163,15 +163,15 @@ def get(port: int, path: str) -> tuple[int, str]:
         connection.close()
 
 
-def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, expected,
-               served: Served = POOLED) -> tuple[Result, float]:
-    """Start ``autobatch serve``, drive it, read the mean batch size from /metrics, stop it."""
+def run_server(model_path: str, flags: list[str], args: argparse.Namespace, xs, expected,
+               served: Served = POOLED) -> tuple[Result, float, float]:
+    """Start ``autobatch serve`` with ``flags``, drive it, read the mean batch size and the
+    instances the server chose to run alone from /metrics, stop it."""
     port = free_port()
     command = [sys.executable, "-m", "autobatch", "serve", model_path, "--port", str(port),
                "--backend", args.backend, "--max-batch-size", str(args.max_batch_size),
                "--batch-wait-timeout-s", str(args.batch_wait_timeout_s), "--max-queue", str(4 * args.clients)]
-    if not batching:
-        command.append("--no-batching")
+    command += flags
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -189,7 +189,8 @@ def run_server(model_path: str, batching: bool, args: argparse.Namespace, xs, ex
         text = get(port, "/metrics")[1]
         total = float(re.search(rf'^autobatch_batch_size_sum\{{model="{served.name}"\}} (\S+)', text, re.M).group(1))
         count = float(re.search(rf'^autobatch_batch_size_count\{{model="{served.name}"\}} (\S+)', text, re.M).group(1))
-        return result, total / max(count, 1)
+        alone = float(re.search(rf'^autobatch_instances_alone_total\{{model="{served.name}"\}} (\S+)', text, re.M).group(1))
+        return result, total / max(count, 1), alone / max(total, 1)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -235,15 +236,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.requests} requests to {args.model}, lengths {lengths.min()}..{lengths.max()} "
               f"({len(set(lengths.tolist()))} distinct), {args.clients} concurrent clients, backend {args.backend}, "
               f"max batch {args.max_batch_size}, wait {args.batch_wait_timeout_s * 1e3:g} ms")
-        print(f"{'server':<14}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'ok':>6}{'lost':>6}{'wrong':>7}")
+        print(f"{'server':<16}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'alone':>7}"
+              f"{'ok':>6}{'lost':>6}{'wrong':>7}")
         lost_or_wrong = 0
-        for label, batching in (("batching on", True), ("batching off", False)):
-            result, mean_batch = run_server(path, batching, args, xs, expected, served)
+        # "batching on" is the default: each batch batched, or its requests run each alone
+        # where the server measured that faster (``autobatch.ways``; "alone": the share of them).
+        for label, flags in (("batching on", []), ("always batched", ["--always-batched"]),
+                             ("batching off", ["--no-batching"])):
+            result, mean_batch, alone = run_server(path, flags, args, xs, expected, served)
             lost = args.requests - result.ok - result.mismatched
             lost_or_wrong += lost + result.mismatched
             p50, p99 = (np.percentile(result.latencies, q) * 1e3 for q in (50, 99)) if result.latencies else (0, 0)
-            print(f"{label:<14}{result.ok / result.seconds:>11.1f}{p50:>9.1f}{p99:>9.1f}{mean_batch:>12.1f}"
-                  f"{result.ok:>6}{lost:>6}{result.mismatched:>7}")
+            print(f"{label:<16}{result.ok / result.seconds:>11.1f}{p50:>9.1f}{p99:>9.1f}{mean_batch:>12.1f}"
+                  f"{alone:>7.0%}{result.ok:>6}{lost:>6}{result.mismatched:>7}")
             for line in result.failed[:5]:
                 print(f"  failed: {line}")
     return 1 if lost_or_wrong else 0

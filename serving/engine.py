@@ -58,21 +58,24 @@ class Engine:
     ``model`` is a path (``.onnx``, or ``module:function`` for a program), an ONNX model, an
     ``InferenceSession`` or a ``Runner``. ``max_queue_delay_microseconds`` (Triton's name)
     overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
-    request alone, in arrival order (the baseline). Invariant: the engine's state is touched
+    request alone, in arrival order (the baseline); ``alone_when_faster=False`` batches every
+    batch of a model the engine loads, even where running its instances each alone was measured
+    faster (``autobatch.ways``). Invariant: the engine's state is touched
     only on the event loop it was started on; ``infer_sync`` hops onto that loop.
     """
 
     def __init__(self, model: Any, *, name: str | None = None, max_batch_size: int = 32,
                  batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
                  max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
-                 backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> None:
+                 backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
+                 alone_when_faster: bool = True) -> None:
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be positive")
         if max_queue_delay_microseconds is not None:
             batch_wait_timeout_s = max_queue_delay_microseconds / 1e6
         if batch_wait_timeout_s < 0:
             raise ValueError("the batch wait timeout must not be negative")
-        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes)
+        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster)
         if name is not None:
             self.name = name
         self.max_batch_size = max_batch_size
@@ -263,7 +266,7 @@ class Engine:
         seconds = max(request.deadline for request in batch) - now
         work = functools.partial(self._run, [request.feeds for request in batch], seconds)
         try:
-            results, ran, fell_back = await self._loop.run_in_executor(self._executor, work)
+            results, ran, fell_back, alone = await self._loop.run_in_executor(self._executor, work)
         except DeadlineExceeded as error:
             return [error] * len(batch)
         if ran:
@@ -273,23 +276,26 @@ class Engine:
         if fell_back:
             self.metrics.batches_failed += 1
             self.metrics.instances_rerun += ran
+        self.metrics.instances_alone += alone
         return results
 
-    def _run(self, feeds_list: list[Feeds], seconds: float) -> tuple[list[Outputs | BaseException], int, bool]:
-        """The results (a FeedError for feeds that do not fit), how many instances ran, and
-        whether their batch fell back to each alone."""
+    def _run(self, feeds_list: list[Feeds], seconds: float) -> tuple[list[Outputs | BaseException], int, bool, int]:
+        """The results (a FeedError for feeds that do not fit), how many instances ran,
+        whether their batch fell back to each alone, and how many the runner chose to run alone."""
         with deadline(seconds if seconds != float("inf") else None):
             results = each_alone(self.runner.check, feeds_list)  # a FeedError (400) or another failure (500)
             good = [k for k, result in enumerate(results) if not isinstance(result, Exception)]
             checked = [results[k] for k in good]
+            alone = 0
             if len(checked) > 1:
                 outputs, fell_back = batched_else_alone(self._run_batch, self.runner.run, checked,
                                                         f"model {self.name!r}: a batch")
+                alone = 0 if fell_back else self.runner.ran_alone
             else:
                 outputs, fell_back = each_alone(self.runner.run, checked), False
             for k, result in zip(good, outputs):
                 results[k] = result
-            return results, len(checked), fell_back
+            return results, len(checked), fell_back, alone
 
     def _run_batch(self, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:
         results = self.runner.run_batch(feeds_list)
@@ -335,14 +341,15 @@ class ModelRegistry:
         return render((name, e.metrics, e.queue_depth) for name, e in self.engines.items())
 
 
-def _as_runner(model: Any, backend: str, max_unrolled_nodes: int) -> tuple[str, Runner]:
+def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool) -> tuple[str, Runner]:
     if isinstance(model, str):
-        return load_runner(model, backend, max_unrolled_nodes)
+        return load_runner(model, backend, max_unrolled_nodes, alone_when_faster)
     if isinstance(model, InferenceSession):
         return model.graph.name or "model", SessionRunner(model)
     if hasattr(model, "run_batch") and hasattr(model, "check"):
         return getattr(model, "name", None) or "model", model
-    session = InferenceSession(model, backend=backend, max_unrolled_nodes=max_unrolled_nodes)
+    session = InferenceSession(model, backend=backend, max_unrolled_nodes=max_unrolled_nodes,
+                               alone_when_faster=alone_when_faster)
     return session.graph.name or "model", SessionRunner(session)
 
 

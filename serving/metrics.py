@@ -59,6 +59,7 @@ class EngineMetrics:
     errors: Counter[int] = field(default_factory=Counter)  # by HTTP status
     batches_failed: int = 0  # batched runs that raised, whose instances then ran alone
     instances_rerun: int = 0  # run alone after their batch failed
+    instances_alone: int = 0  # run alone by the session's choice: measured faster than batched (``autobatch.ways``)
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     succeeded: Duration = field(default_factory=Duration)  # requests answered, and their latency
@@ -88,6 +89,7 @@ _HELP = {
     "autobatch_request_errors_total": ("counter", "Inference requests that failed, by HTTP status."),
     "autobatch_batches_failed_total": ("counter", "Batched runs that failed; their instances then ran alone."),
     "autobatch_instances_rerun_total": ("counter", "Instances re-run alone after their batch failed."),
+    "autobatch_instances_alone_total": ("counter", "Instances of batches run each alone, measured faster than batched."),
     "autobatch_queue_depth": ("gauge", "Requests waiting in the queue."),
     "autobatch_batch_size": ("histogram", "Instances per executed batch."),
     "autobatch_request_latency_seconds": ("histogram", "Seconds from arrival to response, per request."),
@@ -105,6 +107,7 @@ def render(models: Iterable[tuple[str, EngineMetrics, int]]) -> str:
                 f'autobatch_request_errors_total{{{labels},code="{status}"}} {count}')
         rows["autobatch_batches_failed_total"].append(f"autobatch_batches_failed_total{{{labels}}} {m.batches_failed}")
         rows["autobatch_instances_rerun_total"].append(f"autobatch_instances_rerun_total{{{labels}}} {m.instances_rerun}")
+        rows["autobatch_instances_alone_total"].append(f"autobatch_instances_alone_total{{{labels}}} {m.instances_alone}")
         rows["autobatch_queue_depth"].append(f"autobatch_queue_depth{{{labels}}} {depth}")
         rows["autobatch_batch_size"].extend(m.batch_sizes.lines("autobatch_batch_size", labels))
         rows["autobatch_request_latency_seconds"].extend(m.latency.lines("autobatch_request_latency_seconds", labels))

@@ -43,6 +43,7 @@ class TensorSpec:
 class Runner(Protocol):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    ran_alone: int  # instances of the last ``run_batch`` that it ran each alone, by choice
 
     def check(self, feeds: Mapping[str, np.ndarray]) -> Feeds:
         """The feeds, or FeedError saying why they do not fit."""
@@ -59,6 +60,7 @@ class SessionRunner:
 
     def __init__(self, session: InferenceSession) -> None:
         self.session = session
+        self.ran_alone = 0  # instances of the last batch run each alone, measured faster (``autobatch.ways``)
         graph = session.graph
         self.inputs = [_spec(graph, name) for name in graph.inputs]
         self.outputs = [_spec(graph, name) for name in graph.outputs]
@@ -68,7 +70,9 @@ class SessionRunner:
 
     def run_batch(self, feeds_list: Sequence[Feeds]) -> list[Outputs | BaseException]:
         names = self.session.graph.outputs
-        return [dict(zip(names, outputs)) for outputs in self.session.run_batch(None, feeds_list)]
+        results = self.session.run_batch(None, feeds_list)
+        self.ran_alone = self.session.stats.alone if self.session.stats is not None else 0
+        return [dict(zip(names, outputs)) for outputs in results]
 
     def run(self, feeds: Feeds) -> Outputs:
         return dict(zip(self.session.graph.outputs, self.session.run(None, feeds)))
@@ -85,6 +89,7 @@ class ProgramRunner:
 
     def __init__(self, fn: ProgramFn, backend: str = "numpy") -> None:
         self.fn = fn
+        self.ran_alone = 0  # programs always run batched
         self.backend = backend
         self.inputs: list[TensorSpec] = list(getattr(fn, "inputs", []))
         self.outputs: list[TensorSpec] = list(getattr(fn, "outputs", []))
@@ -107,14 +112,16 @@ class ProgramRunner:
         return result
 
 
-def load_runner(spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES) -> tuple[str, Runner]:
+def load_runner(spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
+                alone_when_faster: bool = True) -> tuple[str, Runner]:
     """``model.onnx`` (served under its stem) or ``module:function`` / ``file.py:function``
     (a program, served under the function's name)."""
     path = Path(spec)
     if path.suffix == ".onnx" or (path.is_file() and ":" not in spec):
         if not path.is_file():
             raise FileNotFoundError(f"{spec}: no such model file")
-        return path.stem, SessionRunner(InferenceSession(str(path), backend=backend, max_unrolled_nodes=max_unrolled_nodes))
+        return path.stem, SessionRunner(InferenceSession(str(path), backend=backend, max_unrolled_nodes=max_unrolled_nodes,
+                                                         alone_when_faster=alone_when_faster))
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{spec}: expected a .onnx file or module:function (a program)")

@@ -42,6 +42,8 @@ def assert_batched_equals_alone(session: Any, feeds_list: Sequence[Mapping[str, 
     """``session.run_batch`` over the instances equals ``session.run`` on each; the batched results."""
     batched = session.run_batch(None, feeds_list)
     assert len(batched) == len(feeds_list)
+    stats = getattr(session, "stats", None)  # a batch run alone by choice (``autobatch.ways``) tests nothing
+    assert stats is None or not getattr(stats, "alone", 0), f"{what}: the batch ran each instance alone: {stats}"
     for k, (feeds, outputs) in enumerate(zip(feeds_list, batched)):
         alone = session.run(None, feeds)
         assert len(outputs) == len(alone), f"{what} instance {k}: {len(outputs)} outputs batched, {len(alone)} alone"

@@ -1,0 +1,118 @@
+"""A session runs a batch of a new mix each instance alone where that was measured faster
+(``autobatch.ways``): the choice changes speed only, and is counted."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from autobatch import InferenceSession
+from autobatch.ways import ALONE, BATCHED, BATCHED_FIRST, PROBE_EVERY, WayChooser
+from tests.oracle import assert_same
+
+
+def _runs(chooser: WayChooser, n: int, seconds: dict[str, float], batches: int, kept: bool = False) -> list[str]:
+    ways = []
+    for _ in range(batches):
+        way = chooser.choose(n, kept)
+        chooser.record(n, kept, way, seconds[way] * n)
+        ways.append(way)
+    return ways
+
+
+def test_alone_is_taken_once_measured_faster_and_batched_is_tried_again_every_probe() -> None:
+    ways = _runs(WayChooser(), 8, {BATCHED: 4e-3, ALONE: 1e-3}, 60)
+    assert ways[:BATCHED_FIRST + 2] == [BATCHED] * BATCHED_FIRST + [ALONE] * 2
+    rest = ways[BATCHED_FIRST + 2:]
+    probes = [k for k, way in enumerate(rest) if way == BATCHED]
+    assert probes and all(b - a == PROBE_EVERY + 1 for a, b in zip(probes, probes[1:])), ways
+
+
+def test_batched_stays_where_it_is_faster_and_alone_is_tried_again_every_probe() -> None:
+    ways = _runs(WayChooser(), 8, {BATCHED: 1e-3, ALONE: 1e-3 * 1.05}, 60)  # within the margin: batched
+    rest = ways[BATCHED_FIRST + 2:]
+    assert rest.count(ALONE) == len(rest) // (PROBE_EVERY + 1), ways
+
+
+def test_each_power_of_two_of_batch_sizes_and_new_and_kept_mixes_are_measured_apart() -> None:
+    chooser = WayChooser()
+    _runs(chooser, 8, {BATCHED: 4e-3, ALONE: 1e-3}, 20)
+    assert chooser.choose(8, False) == ALONE
+    assert chooser.choose(64, False) == BATCHED and chooser.choose(8, True) == BATCHED  # nothing measured yet
+    _runs(chooser, 64, {BATCHED: 1e-4, ALONE: 1e-3}, 20)
+    _runs(chooser, 8, {BATCHED: 1e-4, ALONE: 1e-3}, 20, kept=True)
+    assert chooser.choose(64, False) == BATCHED and chooser.choose(8, False) == ALONE
+    assert chooser.choose(8, True) == BATCHED
+    assert "a new mix batched 4.000 ms" in chooser.why(8, False) and "kept plan" in chooser.why(8, True)
+
+
+def _chain(nodes: int) -> onnx.ModelProto:
+    """Many tiny ops over ``x [n]``: planning a new mix of them costs far more than running
+    each instance alone."""
+    ops = []
+    for k in range(nodes):
+        ops.append(helper.make_node("Add" if k % 2 else "Mul", [f"v{k}", "c"], [f"v{k + 1}"]))
+    graph = helper.make_graph(ops, "chain", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info(f"v{nodes}", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor("c", TensorProto.FLOAT, [], [0.5])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_session_runs_new_mixes_alone_where_measured_faster_with_the_same_results() -> None:
+    model = _chain(300)
+    rng = np.random.default_rng(0)
+    for backend in ("onnxruntime", "numpy"):
+        session = InferenceSession(model, backend=backend)
+        plain = InferenceSession(model, backend=backend, alone_when_faster=False)
+        alone = []
+        for _ in range(BATCHED_FIRST + 2 + 3):
+            feeds = [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 8)]
+            got = session.run_batch(None, feeds)
+            alone.append(session.stats.alone)
+            for instance, result in zip(feeds, got):
+                assert_same(result[0], session.run(None, instance)[0])
+        assert alone[:BATCHED_FIRST] == [0] * BATCHED_FIRST
+        assert alone[-3:] == [8] * 3, (backend, alone)  # measured: alone is faster for this model
+        assert "measured" in str(session.stats) and session.stats.report is None
+        plain.run_batch(None, feeds)
+        assert plain.stats.alone == 0 and plain.stats.report is not None
+
+
+def test_a_mix_with_a_plan_kept_runs_batched() -> None:
+    model = _chain(300)
+    rng = np.random.default_rng(1)
+    session = InferenceSession(model, backend="onnxruntime")
+    kept = [{"v0": rng.standard_normal(n).astype(np.float32)} for n in (3, 5, 7)]
+    session.run_batch(None, kept)
+    for _ in range(BATCHED_FIRST + 4):
+        session.run_batch(None, [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 3)])
+    assert session.stats.alone == 3
+    session.run_batch(None, kept)
+    assert session.stats.alone == 0 and session.stats.plan_cached
+
+
+def test_a_server_counts_the_instances_it_ran_alone_by_choice() -> None:
+    pytest.importorskip("starlette")
+    from autobatch.serving import Engine, SessionRunner
+    from autobatch.serving.metrics import render
+
+    model = _chain(300)
+    session = InferenceSession(model)
+    rng = np.random.default_rng(2)
+    for _ in range(BATCHED_FIRST + 2):  # what batches of 8 cost both ways, measured before serving
+        session.run_batch(None, [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 8)])
+    engine = Engine(SessionRunner(session), name="chain", max_batch_size=8, batch_wait_timeout_s=2.0)
+    requests = [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 8)]
+    try:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            results = list(pool.map(engine.infer_sync, requests))
+    finally:
+        engine.shutdown()
+    for feeds, outputs in zip(requests, results):
+        assert_same(outputs["v300"], session.run(None, feeds)[0])
+    assert engine.metrics.batch_sizes.count == 1 and engine.metrics.instances_alone == 8
+    assert 'autobatch_instances_alone_total{model="chain"} 8' in render([("chain", engine.metrics, 0)])
