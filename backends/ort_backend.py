@@ -28,7 +28,8 @@ class OrtBackendRep(BackendRep):
                 raise UnsupportedByOnnxruntime(
                     f"{name!r} is {vtype!r}: onnxruntime's Python API takes and gives no bfloat16, float8 or "
                     "4-bit arrays; run it on the numpy backend")
-        self.session = new_session(to_onnx(graph), session_options(threads), providers)
+        # One session running a whole model: its threads spin between ops (``SessionCache.whole_options``).
+        self.session = new_session(to_onnx(graph), session_options(threads, spinning=True), providers)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = check_feeds(self.graph, feeds_by_name(self.graph.inputs, inputs))
