@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from autobatch.batcher import BatchingPass, get_scheduler
-from autobatch.batcher.flat import NotFlat, plan_records
+from autobatch.batcher.flat import plan_records
+from autobatch.batcher.plan import NotFlat
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tracing import OPSET, Tensor, TraceError, Tracer
 from autobatch.session import flat_executor, make_runner_factory

@@ -24,7 +24,9 @@ from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
-from autobatch.batcher.flat import FlatPlan, InstanceRecords, alike, instance_records, mix_records, plan_records
+from autobatch.batcher.flat import plan_records
+from autobatch.batcher.instances import InstanceRecords, alike, instance_records, mix_records
+from autobatch.batcher.plan import FlatPlan
 from autobatch.batcher.constants import constant_value, constants_to_initializers, fold_known_values
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
@@ -559,7 +561,7 @@ class _NodeBudget:
 class SharedConstants(dict):
     """Each constant of the graphs typed for input signatures, by name: one equal to the first
     of its name becomes that same array, so that a batch's mix of signatures finds the constants
-    every instance shares by identity (``flat.mix_records``) rather than by comparing them all,
+    every instance shares by identity (``instances.mix_records``) rather than by comparing them all,
     each batch. (Its first array is kept, as the graphs that share it are.)"""
 
     def share(self, graph: Graph) -> Graph:

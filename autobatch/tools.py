@@ -20,7 +20,8 @@ from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, UnsupportedByOnnxruntime, new_session, session_options
 from autobatch.backends.lowering import lower_plan
 from autobatch.batcher import build_problem, get_scheduler
-from autobatch.batcher.flat import instance_records, mix_records, plan_records
+from autobatch.batcher.flat import plan_records
+from autobatch.batcher.instances import instance_records, mix_records
 from autobatch.batcher.problem import UNBATCHABLE
 from autobatch.batcher.rewrite import refusal
 from autobatch.batcher.signature import describe, node_signature

@@ -23,7 +23,7 @@ from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, 
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, SessionCache, declare_ranks_only, new_session, run_session
 from autobatch.ir.records import LEAF
-from autobatch.batcher.flat import (LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step, Template,
+from autobatch.batcher.plan import (LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step, Template,
                                     Unpadded)
 from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
@@ -267,7 +267,7 @@ class FlatExecutor:
 
 
 class Loose(dict):
-    """A run's loose values by name (``batcher.flat.LOOSE``): loose steps' results, else the
+    """A run's loose values by name (``batcher.plan.LOOSE``): loose steps' results, else the
     literals, else the weights (a subgraph may read one)."""
 
     def __init__(self, literals: Mapping[str, Any], weights: Mapping[str, Any]) -> None:

@@ -19,7 +19,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from autobatch.batcher.flat import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
+from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
 from autobatch.batcher.sequences import CHUNK
 from autobatch.ir.onnx_io import choose_ir_version
 from autobatch.ir.records import LEAF

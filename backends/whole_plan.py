@@ -18,7 +18,7 @@ import onnx
 
 from autobatch.backends.flat_executor import runs_on_onnxruntime
 from autobatch.backends.ort_runtime import SessionCache, new_session, run_session
-from autobatch.batcher.flat import FlatPlan, Template
+from autobatch.batcher.plan import FlatPlan, Template
 from autobatch.batcher.sequences import RECURRENT
 
 WHOLE_PLANS_KEPT = 4  # sessions of whole plans a model keeps, each with its own copy of the weights

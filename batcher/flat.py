@@ -30,32 +30,32 @@ raises ``NotFlat``.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.batching_pass import BatchReport
-from autobatch.batcher.constants import FOLD_LIMIT
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
-from autobatch.batcher.functions import Functions, rule_for
+from autobatch.batcher.functions import Functions
 from autobatch.batcher.padding import Padding, padded_chunks, padding
+from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, FlatPlan, Kind, NotFlat, Padded,
+                                    Pieces, RowReduction, Rows, Runs, Shaped, Step, Template, Unpadded)
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
-from autobatch.batcher.rewrite import EMPTY, MIN_STACKING_OPSET, RANDOM, GraphEmitter
-from autobatch.batcher.rules import Operand, Refusal
+from autobatch.batcher.rewrite import MIN_STACKING_OPSET, RANDOM
+from autobatch.batcher.rules import Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
-from autobatch.batcher.sequences import SEQUENCE_LENS, Chunk, chunks, zero_states
+from autobatch.batcher.sequences import SEQUENCE_LENS, zero_states
 from autobatch.batcher.signature import attributes_key
-from autobatch.ir import Graph, Node, ValueType, attribute_value, captured_names, is_nondeterministic
+from autobatch.batcher.templates import as_rows, build_solo, build_template
+from autobatch.ir import Graph, Node, ValueType, attribute_value, is_nondeterministic
 from autobatch.ir.records import LEAF, Record
-from autobatch.ir.types import MISSING, type_of_value
+from autobatch.ir.types import type_of_value
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
 # where rules may read it; larger ones (weights) are template inputs, fed at run time.
@@ -66,169 +66,6 @@ ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
 TEMPLATE_CACHE_SIZE = 4096
 SUM_OF_TERMS = "sum of terms"
-# Element types an arena holds as a plain NumPy array (the others need ml_dtypes conversions).
-ARENA_TYPES = frozenset({
-    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8,
-    TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
-    TensorProto.UINT32, TensorProto.UINT64,
-})
-
-ARENA_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in ARENA_TYPES)
-
-
-class NotFlat(Exception):
-    """A batch this path cannot plan (a tree fold's children not known when traced); the
-    message says why."""
-
-
-Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)
-
-
-@dataclass(eq=False)
-class Template:
-    """One signature class batched by its rule. Inputs: ``x{i}`` for stacked operand i
-    (``[N, *shape]``), ``w{i}`` for a shared operand fed as it is. Outputs ``[N, *shape]``,
-    or a single value when ``once`` (every operand shared: the members are duplicates). A
-    ``solo`` template is the op itself, run for one member at a time (also ``once``)."""
-
-    graph: Graph
-    stacked: list[int]
-    fed: list[int]
-    once: bool
-    solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
-    reason: str = ""  # why a solo template's class runs one member at a time
-    ragged: bool = False  # the op itself on every member's rows concatenated (``batcher.ragged``)
-    # A recurrent layer over chunks of padded sequences (``batcher.sequences``): the ONNX index
-    # of each output the template gives.
-    sequences: tuple[int, ...] | None = None
-    # A ragged op that only reshapes each row (``ROW_RESHAPES``): the row shape it makes, run as
-    # a NumPy reshape of the rows (a view), whatever the backend.
-    row_shape: tuple[int, ...] | None = None
-    # A loss over rows (``batcher.ragged.ROW_LOSS``): the template gives one value a row, and
-    # this reduces each member's run of them.
-    segment: RowReduction | None = None
-    # A ragged template's rows run along this axis of its per-instance operands, and along
-    # ``out_axes`` of its outputs (leading axes of 1 before it: ``[1, L, d]``); it reads and
-    # writes them as ``[rows, *row]`` all the same.
-    length_axis: int = 0
-    out_axes: tuple[int, ...] = ()
-    # The inputs (named as its subgraphs read them) that a solo template's op reads from
-    # outside through its subgraphs, fed after the stacked operands.
-    captured: tuple[str, ...] = ()
-    runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
-
-
-@dataclass(frozen=True)
-class RowReduction:
-    """A ReduceSum or ReduceMean over axis 0 of members of different lengths: each member's run
-    of rows reduced in NumPy on every backend, as a sum of terms is."""
-
-    mean: bool
-    keepdims: bool
-
-
-@dataclass(frozen=True)
-class Runs:
-    """Rows of values kept in a block (``Block``), ``length`` rows each, each value of ``shape``:
-    read as ``[values, *shape]``."""
-
-    rows: slice | np.ndarray
-    length: int
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Shaped:
-    """Rows read as ``shape``: one value kept in a block whose rows are not its leading axis
-    (``[1, L, d]`` kept as ``L`` rows of ``[d]``), or values read as rows for a ragged step."""
-
-    rows: Any  # Rows
-    shape: tuple[int, ...]
-
-
-class Pieces(list):
-    """(arena, row or run of rows) per value, for values kept in several ways: read one by one."""
-
-
-@dataclass(frozen=True)
-class Padded:
-    """Values of different shapes (``shapes``) read as one stack ``[values, *shape]``, each at
-    the start of its slot, the rest zeros; but, with ``fill`` ``(axis, value)``, ``value`` past
-    each value's end along that axis of its own (``batcher.padding``)."""
-
-    pieces: Pieces
-    shape: tuple[int, ...]
-    fill: tuple[int, float] | None
-    shapes: tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True)
-class Unpadded:
-    """A padded step's result ``[values, ...]`` written a value at a time: value ``m`` is the
-    start of slot ``m`` (``shapes[m]``), put at ``places[m]`` (arena, row)."""
-
-    places: list[tuple[int, int]]
-    shapes: tuple[tuple[int, ...], ...]
-
-
-Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped | Padded  # a list: the names of literals (arena ``LITERALS``)
-LITERALS = -1  # the "arena" of reads stacked straight from literal values
-# The "arena" of loose values, kept one by one as they are (a sequence, a bfloat16 array, a
-# tensor whose shape is known once computed); the "row" is the value's name: a loose step's
-# result of this run, else a literal, else a weight.
-LOOSE = -2
-
-
-@dataclass(frozen=True)
-class Block:
-    """A write of a ragged step's whole result as the arena itself: its members' rows one after
-    the other, no copy (the arena is not allocated; the step's result becomes it)."""
-
-    arena: int
-
-
-@dataclass
-class Step:
-    """One launch. ``template`` None: a sum of terms or a ``segment`` reduction, ``offsets``
-    where each member's rows start. A ragged step (``groups`` set: the members' lengths and how
-    many have each) reads per operand every member's rows one after the other: one (arena, rows),
-    or a list of them, one per group (``[members, length, ...]`` each); it writes a ``Block`` per
-    output, or a plain (arena, first row) for an output of one row a member. A recurrent layer's
-    step (its template's ``sequences`` set) runs in padded calls: ``chunked(size)``."""
-
-    template: Template | None
-    size: int
-    reads: list[Any]  # per stacked operand: (arena, rows) (a solo step: one row), or a list of them per group
-    weights: list[str]  # per fed operand: the shared value's name
-    writes: list[Any]  # per output: (arena, first row), a Block, or Unpadded
-    offsets: np.ndarray | None = None
-    groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
-    segment: RowReduction | None = None
-    fold: list[Level] | None = None  # a fold's launches: the leaves', then a level's each (``batcher.folds``)
-    _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
-
-    def chunked(self, size: int | None) -> list[Chunk]:
-        """A recurrent layer's members in padded calls of ``size`` (None: one call), longest
-        first (``batcher.sequences``); worked out once a size, as a plan may serve many runs."""
-        parts = self._chunks.get(size)
-        if parts is None:
-            assert self.groups is not None
-            lengths = [length for length, count in self.groups for _ in range(count)]
-            parts = self._chunks[size] = chunks(lengths, size or len(lengths))
-        return parts
-
-
-@dataclass
-class FlatPlan:
-    kinds: list[Kind]  # of each arena
-    rows: list[int]  # rows of each arena
-    blocks: set[int]  # arenas that are a ragged step's result (``Block``), not allocated
-    literal_runs: list[tuple[int, int, list[str]]]  # (arena, first row, literals): values given at run time
-    steps: list[Step]
-    locations: dict[str, tuple[int, int | slice]]  # wanted value -> (arena, row), or its rows in a block
-    report: BatchReport
-
-
 _templates: dict[tuple, Template | None | str] = {}
 # The cell functions whose ids are part of ``_templates`` keys, alive as long as those entries:
 # a new function given a dead one's id would otherwise find its entries.
@@ -498,9 +335,9 @@ class _Planner:
                 attrs = {**attrs, "reduction": helper.make_attribute("reduction", "none")}
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), attrs, list(record.inputs),
                         list(record.outputs), 0, "")
-            solo = _build_solo(node, rows, baked, self.functions, self.opsets)
+            solo = build_solo(node, rows, baked, self.functions, self.opsets)
             outs = [out for out in signature[4] if out is not None] if kind == "ragged" else []
-            graph = _as_rows(solo.graph, axis, outs) if axis or any(out_axes) else solo.graph
+            graph = as_rows(solo.graph, axis, outs) if axis or any(out_axes) else solo.graph
             _templates[key] = Template(graph, solo.stacked, solo.fed, once=False, ragged=True, segment=segment,
                                        length_axis=axis, out_axes=out_axes)
         template = _templates[key]
@@ -525,7 +362,7 @@ class _Planner:
                 inputs[k] = ""
             node = Node(-1, record.op_type, "", self.opsets.get("", 1), record.attributes, inputs,
                         list(record.outputs), 0, "")
-            solo = _build_solo(node, tuple(padded), baked, self.functions, self.opsets)
+            solo = build_solo(node, tuple(padded), baked, self.functions, self.opsets)
             outputs = tuple(k for k, name in enumerate(record.outputs) if name)
             _templates[key] = Template(solo.graph, [0], solo.fed, once=False, ragged=True, sequences=outputs)
         return _templates[key]  # type: ignore[return-value]
@@ -584,10 +421,10 @@ class _Planner:
         node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
                     list(record.outputs), 0, "")
         if solo is not None:
-            built = _build_solo(node, specs, baked, self.functions, self.opsets, solo, captured, record.types)
+            built = build_solo(node, specs, baked, self.functions, self.opsets, solo, captured, record.types)
             reads_size = False
         else:
-            built, reads_size = _build_template(node, specs, baked, [t.shape if t else () for t in record.types],
+            built, reads_size = build_template(node, specs, baked, [t.shape if t else () for t in record.types],
                                                 self.functions, self.opsets, size or 2)
         if reads_size and not per_size:  # from now on kept per N
             _templates[base] = _PER_SIZE
@@ -903,112 +740,6 @@ def _rows_of_runs(starts: np.ndarray, lengths: np.ndarray) -> slice | np.ndarray
     return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
 
 
-@dataclass
-class InstanceRecords:
-    """One instance's graph as records over its own value names. ``InferenceSession`` keeps
-    them per input signature, and ``mix_records`` puts those of a batch's instances together
-    (renamed per instance) without building the union graph: a new mix of shapes costs a
-    plan, not a graph. ``weights`` are the graph's constants, shared by every instance."""
-
-    records: list[Record]
-    own: set[str]  # the instance's own values (renamed per instance)
-    producer: dict[str, int]
-    weights: dict[str, np.ndarray]
-    named: dict[str, str] = field(default_factory=dict)  # a constant's name by its value (``_own_name``), once worked out
-
-    def own_name(self, instance: int, name: str) -> str:
-        """An own constant named by its value where small (instances with the same value share
-        it, and a record's key, by which what plans learn is kept, does not depend on where the
-        instance is in its mix), else by its instance."""
-        named = self.named.get(name)
-        if named is None:
-            key = _constant_key(name, self.weights[name])  # (name, dtype, shape, digest of the bytes)
-            value = hashlib.blake2b(repr(key[1:3]).encode() + key[3], digest_size=16).hexdigest() \
-                if isinstance(key, tuple) else ""
-            named = self.named[name] = f"{name}#{value}" if value else ""
-        return named or f"i{instance}/{name}"
-
-
-def instance_records(graph: Graph) -> InstanceRecords:
-    """The nodes of ``graph`` (one instance, its values typed) in topological order as records."""
-    weights = graph.initializers()
-    producer: dict[str, int] = {}
-    records = []
-    for i, node in enumerate(graph.topological_order()):
-        entries = tuple(MISSING if not name else name if name in weights else graph.values[name].type
-                        for name in node.inputs)
-        types = [graph.values[name].type if name else None for name in node.outputs]
-        captured = tuple((name, name, graph.values[name].type) for name in sorted(captured_names(node))
-                         if name in graph.values)
-        preds = sorted({producer[name] for name in (*node.inputs, *(c[0] for c in captured)) if name in producer})
-        # The key holds the attributes by content: callers keep what plans learn of keys longer
-        # than these records live, and an id could come back for other attributes. So it holds
-        # small constants by content too: one folded from an input's shape has the same name in
-        # the graph of every input signature, but not the same value.
-        key = (node.domain, node.op_type, attributes_key(node.attributes), _signed(entries, weights), captured)
-        records.append(Record(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
-                              entries, key, preds, captured=captured))
-        producer.update((name, i) for name in node.outputs if name)
-    return InstanceRecords(records, set(graph.values) - weights.keys(), producer, weights)
-
-
-def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[str, int], dict[str, np.ndarray]]:
-    """The records of a batch: those of instance k after those of instances 0..k-1, its own
-    values named ``i{k}/name``; the record producing each value; and the constants they read.
-    A constant every instance has alike is shared; one that differs (an unrolled loop's trip
-    values, a value folded for a length) is the instance's own, and so are the entries that name
-    it: named by its value where small (``InstanceRecords.own_name``)."""
-    weights = _common_weights([piece.weights for piece in pieces])
-    records: list[Record] = []
-    producer: dict[str, int] = {}
-    for k, piece in enumerate(pieces):
-        offset = len(records)
-        own = [name for name in piece.weights if name not in weights]
-        names = {name: f"i{k}/{name}" for name in piece.own}
-        names.update((name, piece.own_name(k, name)) for name in own)
-        weights.update((names[name], piece.weights[name]) for name in own)
-        rename = names.get
-        for r in piece.records:
-            entries, key = r.entries, r.key
-            if own and any(type(entry) is str and entry in names for entry in entries):
-                entries = tuple(rename(entry, entry) if type(entry) is str else entry for entry in entries)
-                key = (*key[:3], _signed(entries, weights), *key[4:])
-            records.append(Record(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
-                                  r.attributes, r.types, entries, key, [p + offset for p in r.preds], k,
-                                  tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)))
-        producer.update((names[name], index + offset) for name, index in piece.producer.items())
-    return records, producer, weights
-
-
-def _common_weights(weights: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The constants of every instance's graph that all have alike (the first's dict itself,
-    when every instance has it: one model's typed graphs share theirs)."""
-    first = weights[0]
-    if all(other is first for other in weights[1:]):
-        return first
-    return {name: array for name, array in first.items()
-            if all(name in other and alike(array, other[name]) for other in weights[1:])}
-
-
-def _signed(entries: tuple, weights: Mapping[str, np.ndarray]) -> tuple:
-    """Entries as a record key holds them: a constant by its name, and a small one (up to
-    ``FOLD_LIMIT`` elements) by its value too."""
-    return tuple(_constant_key(entry, weights[entry]) if type(entry) is str and entry in weights else entry
-                 for entry in entries)
-
-
-def _constant_key(name: str, array: np.ndarray) -> Hashable:
-    if array.size > FOLD_LIMIT:
-        return name
-    data = repr(array.tolist()).encode() if array.dtype.kind == "O" else np.ascontiguousarray(array).tobytes()
-    return name, array.dtype.str, array.shape, hashlib.blake2b(data, digest_size=16).digest()
-
-
-def alike(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same array, or equal ones of one dtype and shape (NaNs equal)."""
-    return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-
-
 def _stackable(vtype: ValueType | None) -> bool:
     """Whether values of this type live in an arena: tensors of a static shape and an element
     type NumPy holds (the others are loose)."""
@@ -1045,130 +776,6 @@ def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence
     return [records[i] for i in kept], [[index[p] for p in records[i].preds] for i in kept]
 
 
-class _SizeWatchingEmitter(GraphEmitter):
-    """Notes whether a rule read the batch size (then its template holds for that N only)."""
-
-    def __init__(self, out: Graph, size: int) -> None:
-        super().__init__(out)
-        self._size = size
-        self.read_size = False
-
-    @property  # type: ignore[override]
-    def batch_size(self) -> int:
-        self.read_size = True
-        return self._size
-
-    @batch_size.setter
-    def batch_size(self, size: int) -> None:
-        self._size = size
-
-
-
-def _build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_shapes: list[tuple],
-                    functions: Functions, opsets: Mapping[str, int], size: int) -> tuple[Template | Refusal, bool]:
-    """(the template, or why no rule takes the class; whether the rule read N)."""
-    if not any(spec is not None and spec[0] == "x" for spec in specs):
-        # Duplicates: the op once, its small constants fed rather than baked (no rule reads
-        # them, and a backend that builds a session over constants alone would check them as
-        # it never checks values it is fed: Range's one-element bounds).
-        specs = tuple(("w", *spec[1:3]) if spec is not None and spec[0] == "k" and spec[1] in ARENA_DTYPES else spec
-                      for spec in specs)
-    graph = Graph(f"template_{node.op_type}", opsets)
-    graph.functions = dict(functions)
-    operands = _template_inputs(graph, specs, baked, batched=True)
-    stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
-    if any(0 in operands[i].shape for i in stacked) or any(0 in shape for shape in out_shapes):
-        return Refusal(EMPTY), False  # a 0 in a Reshape's shape copies a dimension
-    emit = _SizeWatchingEmitter(graph, size)
-    results: list[str] | Refusal
-    if not stacked:  # duplicates: the op once, on the shared operands
-        results = _op_itself(graph, node, operands)
-    else:
-        rule = rule_for(node, functions)
-        results = rule(emit, node, operands, out_shapes) if rule is not None else \
-            Refusal(f"no batching rule for {node.qualified_op}")
-        if isinstance(results, Refusal):
-            return results, emit.read_size
-    _add_outputs(graph, node, results)
-    if all(not n.domain for n in graph.nodes.values()):
-        graph.functions = {}  # the rule expanded every call: a backend needs no function
-    return Template(graph, stacked, _fed(specs), once=not stacked), emit.read_size
-
-
-def _build_solo(node: Node, specs: tuple, baked: dict[int, np.ndarray], functions: Functions,
-                opsets: Mapping[str, int], reason: str = "", captured: tuple[tuple[str, ValueType | None], ...] = (),
-                out_types: Sequence[ValueType | None] = ()) -> Template:
-    """The op itself over one member's values (inputs ``x{i}`` of the per-instance shape, and
-    the ``captured`` values its subgraphs read, by their names there); ``reason``: why the
-    class runs one member at a time. ``out_types``: the outputs' types, of which the template
-    declares the kinds (a sequence, a bfloat16 tensor: what a backend may not take)."""
-    graph = Graph(f"solo_{node.op_type}", opsets)
-    if node.domain:
-        graph.functions = dict(functions)
-    operands = _template_inputs(graph, specs, baked, batched=False)
-    for inside, vtype in captured:
-        graph.add_input(inside, vtype)
-    _add_outputs(graph, node, _op_itself(graph, node, operands))
-    for name, vtype in zip(graph.outputs, (vtype for k, vtype in enumerate(out_types) if node.outputs[k])):
-        graph.values[name].type = _kind_of(vtype)
-    stacked = [i for i, o in enumerate(operands) if o is not None and o.stacked]
-    return Template(graph, stacked, _fed(specs), once=True, solo=True, reason=reason,
-                    captured=tuple(inside for inside, _ in captured))
-
-
-def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], batched: bool) -> list[Operand | None]:
-    """The operands as template inputs: ``x{i}`` per instance (``[N, *shape]`` when ``batched``),
-    ``w{i}`` shared and fed at run time, ``k{i}`` shared and baked in."""
-    operands: list[Operand | None] = []
-    for i, spec in enumerate(specs):
-        if spec is None:
-            operands.append(None)
-        elif spec[0] == "x":
-            graph.add_input(f"x{i}", ValueType.tensor(spec[1], ["N", *spec[2]] if batched else spec[2]))
-            operands.append(Operand(f"x{i}", True, spec[2]))
-        elif spec[0] == "v":  # a loose value, of its kind
-            graph.add_input(f"x{i}", _kind_of(spec[1]))
-            operands.append(Operand(f"x{i}", True, spec[1].shape if spec[1] is not None else None))
-        elif spec[0] == "w":
-            graph.add_input(f"w{i}", ValueType.tensor(spec[1], spec[2]))
-            operands.append(Operand(f"w{i}", False, spec[2]))
-        else:
-            graph.add_initializer(f"k{i}", baked[i])
-            operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
-    return operands
-
-
-def _kind_of(vtype: ValueType | None) -> ValueType | None:
-    """A loose value's type as a template declares it: a tensor's element type, not its shape
-    (inferred from other values, it need not hold for every member of a class, and a backend
-    that builds a session from it would check it)."""
-    if vtype is None or not vtype.is_tensor:
-        return vtype
-    return ValueType.tensor(vtype.elem_type, None) if vtype.elem_type else None
-
-
-def _op_itself(graph: Graph, node: Node, operands: list[Operand | None]) -> list[str]:
-    results = [f"y{k}" if name else "" for k, name in enumerate(node.outputs)]
-    graph.add_node(node.op_type, [o.name if o else "" for o in operands], results, node.attributes,
-                   domain=node.domain, version=node.version)
-    return results
-
-
-def _add_outputs(graph: Graph, node: Node, results: list[str]) -> None:
-    """The wanted results as graph outputs, each a value of its own (not an input, a constant
-    or another output)."""
-    for k, name in enumerate(results):
-        if node.outputs[k]:
-            if name in graph.inputs or name in graph.outputs or graph.values[name].const is not None:
-                graph.add_node("Identity", [name], [f"out{k}"])
-                name = f"out{k}"
-            graph.add_output(name)
-
-
-def _fed(specs: tuple) -> list[int]:
-    return [i for i, spec in enumerate(specs) if spec is not None and spec[0] == "w"]
-
-
 def _reshape_template(elem_type: int, axis: int, row: tuple[int, ...], out: tuple[int, tuple[int, ...]],
                       opsets: Mapping[str, int]) -> Template:
     """A row reshape (``batcher.ragged``): each of ``R`` rows of ``row`` becomes a row of
@@ -1184,30 +791,3 @@ def _reshape_template(elem_type: int, axis: int, row: tuple[int, ...], out: tupl
         template = _templates[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
                                               length_axis=axis, out_axes=(out[0],))
     return template  # type: ignore[return-value]
-
-
-def _as_rows(graph: Graph, axis: int, outs: list[tuple[int, tuple[int, ...]]]) -> Graph:
-    """A ragged template over operands whose rows run along a later axis (``[1, R, d]``) as one
-    that reads and writes ``[R, *row]``: a Reshape after each stacked input and of each output
-    (``outs``: each output's axis and row)."""
-    rows = Graph(graph.name, graph.opset_imports)
-    rows.functions = graph.functions
-    inside: dict[str, str] = {}
-    for name in graph.inputs:
-        vtype = graph.values[name].type
-        if name.startswith("x") and vtype is not None and vtype.shape is not None:
-            rows.add_input(name, ValueType.tensor(vtype.elem_type, list(vtype.shape[axis:])))
-            rows.add_initializer(f"{name}/shape", np.array([*vtype.shape[:axis], -1, *vtype.shape[axis + 1:]], np.int64))
-            inside[name] = rows.add_node("Reshape", [name, f"{name}/shape"], [f"{name}/full"]).outputs[0]
-        else:
-            rows.add_input(name, vtype)
-    for name, array in graph.initializers().items():
-        rows.add_initializer(name, array)
-    for node in graph.topological_order():
-        rows.add_node(node.op_type, [inside.get(name, name) for name in node.inputs], node.outputs, node.attributes,
-                      domain=node.domain, version=node.version)
-    for name, (_, row) in zip(graph.outputs, outs):
-        rows.add_initializer(f"{name}/shape", np.array([-1, *row], np.int64))
-        rows.add_node("Reshape", [name, f"{name}/shape"], [f"{name}/rows"])
-        rows.add_output(f"{name}/rows")
-    return rows

@@ -4,7 +4,7 @@ op treats rows independently. A value's rows run along its first axis that is no
 (``rows_of``); the axes before it are 1s, so its rows are contiguous, as ``[n, *row]``. The
 members' rows are concatenated (no padding), the op runs once on ``[sum of n, ...]`` (its
 template reshapes them to the leading 1s and back), and the result stays one block, each
-instance's rows after the previous one's (``flat.Block``). The flat planner merges the
+instance's rows after the previous one's (``plan.Block``). The flat planner merges the
 signature classes that differ only in that length (``ragged_signature``). A value of one row
 (``[1, 1, d]``) could have its rows along any of its leading axes: its classes may join those
 that other instances' rows say (``one_row_signatures``).
@@ -65,7 +65,7 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
                      axis: int | None = None, out_axis: int | None = None) -> tuple | None:
     """The record's signature without the length of its rows (along ``axis`` of every value,
     when given; else ``rows_of``'s), or None when the op is not row-wise for these operands (see
-    the module). ``record`` is a ``flat.Record``, ``attributes`` its ``attributes_key``. Its
+    the module). ``record`` is an ``ir.records.Record``, ``attributes`` its ``attributes_key``. Its
     per-instance entries are ``("rows", element type, axis, row)``; the last item, per output,
     ``(axis, row)`` (None for an output not wanted); ``out_axis``: the outputs' axis, when given
     (else ``axis``)."""

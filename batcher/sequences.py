@@ -44,7 +44,7 @@ def zero_states(record: Any, weights: Mapping[str, np.ndarray]) -> frozenset[int
 
 def sequence_signature(record: Any, attributes: tuple, weights: Mapping[str, np.ndarray]) -> tuple | None:
     """The signature of a recurrent record without the length of its sequence, or None when it
-    is not the plain case (see the module). ``record`` is a ``flat.Record``, ``attributes``
+    is not the plain case (see the module). ``record`` is an ``ir.records.Record``, ``attributes``
     its ``attributes_key``."""
     if record.op_type not in RECURRENT or record.domain:
         return None

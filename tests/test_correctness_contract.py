@@ -80,7 +80,7 @@ def test_resize_by_scales_of_each_instance(backend):
 def test_a_result_that_does_not_fit_its_slot_raises():
     """The executor never broadcasts a result into the rows planned for it."""
     from autobatch.backends.flat_executor import SlotMismatch, _fits
-    from autobatch.batcher.flat import Step
+    from autobatch.batcher.plan import Step
 
     with pytest.raises(SlotMismatch, match=r"float32\[1, 1\] where the plan has room for float32\[1, 2\]"):
         _fits(np.zeros((1, 1), np.float32), (1, 2), np.dtype(np.float32), Step(None, 1, [], [], []))
@@ -371,13 +371,13 @@ def test_a_softmax_row_masked_whole_keeps_its_value_padded(backend, masked):
     """Review of padded attention: a row of scores all masked (the lowest float, as Hugging Face
     masks write it, or -inf) is uniform (or NaN) alone; padded with half the lowest float, the
     padding took its weight. Padded with -inf along the Softmax's axis it keeps its value."""
-    model = parse(f"""<ir_version: 8, opset_import: ["" : 17]>
-        g (float[1, L, 4] x, bool[1, L, L] m) => (float[1, L, L] p) <float[4, 4] w, float low> {{
+    model = parse("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x, bool[1, L, L] m) => (float[1, L, L] p) <float[4, 4] w, float low> {
         q = MatMul(x, w)
         k = Transpose<perm = [0, 2, 1]>(q)
         s = MatMul(q, k)
         t = Where(m, s, low)
-        p = Softmax<axis = -1>(t) }}""")
+        p = Softmax<axis = -1>(t) }""")
     rng = np.random.default_rng(0)
     model.graph.initializer.extend([onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w"),
                                     onnx.numpy_helper.from_array(np.array(masked, np.float32), "low")])

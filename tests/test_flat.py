@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 
 from autobatch import Batch, Parameter, TraceError, cell, ops
 from autobatch.batcher import SCHEDULERS, PassResult, flat
-from autobatch.batcher.flat import FlatPlan
+from autobatch.batcher.plan import LITERALS, FlatPlan, Template
 from autobatch.datasets import Tree
 from autobatch.frontends.cells import CELL_DOMAIN
 from autobatch.frontends.tracing import attributes
@@ -355,7 +355,7 @@ def sequences(lengths, seed):
 def _template_state():
     """Every cached template and its prepared runners, by identity."""
     return {k: (id(t), {b: id(r) for b, r in t.runners.items()})
-            for k, t in flat._templates.items() if isinstance(t, flat.Template)}
+            for k, t in flat._templates.items() if isinstance(t, Template)}
 
 
 def _plan_templates(batch):
@@ -637,7 +637,7 @@ def test_literals_are_stacked_from_their_values_and_placed_only_beside_computed_
     assert_flat_ran(batch)
     plan = batch.last_plan
     square_step = next(step for step in plan.steps if step.template is not None and step.template.graph.name.endswith("Mul"))
-    assert all(arena == flat.LITERALS for arena, _ in square_step.reads)
+    assert all(arena == LITERALS for arena, _ in square_step.reads)
     placed = {name for _, _, names in plan.literal_runs for name in names}
     assert placed == {known[k].name for k in (0, 2)}  # the ones read beside computed values
     for k, value in enumerate(values):

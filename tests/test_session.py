@@ -61,7 +61,7 @@ def test_a_new_mix_of_known_shapes_reuses_each_instances_records(backend):
 
 
 def test_graphs_typed_for_different_shapes_share_their_equal_constants():
-    """A mix finds what every instance shares by identity (``flat.mix_records``), not by comparing
+    """A mix finds what every instance shares by identity (``instances.mix_records``), not by comparing
     each constant of each instance each batch: the graph typed for each input signature holds
     the first signature's array of an equal constant (a Constant node is made anew each time)."""
     model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>

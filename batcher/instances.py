@@ -1,0 +1,123 @@
+"""One ONNX model's instances as records: each instance's typed graph walked once into records
+over its own value names (``instance_records``), and a batch's instances put together without
+building their union graph (``mix_records``), for the flat planner."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autobatch.batcher.constants import FOLD_LIMIT
+from autobatch.batcher.signature import attributes_key
+from autobatch.ir import Graph, captured_names
+from autobatch.ir.records import Record
+from autobatch.ir.types import MISSING
+
+
+@dataclass
+class InstanceRecords:
+    """One instance's graph as records over its own value names. ``InferenceSession`` keeps
+    them per input signature, and ``mix_records`` puts those of a batch's instances together
+    (renamed per instance) without building the union graph: a new mix of shapes costs a
+    plan, not a graph. ``weights`` are the graph's constants, shared by every instance."""
+
+    records: list[Record]
+    own: set[str]  # the instance's own values (renamed per instance)
+    producer: dict[str, int]
+    weights: dict[str, np.ndarray]
+    named: dict[str, str] = field(default_factory=dict)  # a constant's name by its value (``_own_name``), once worked out
+
+    def own_name(self, instance: int, name: str) -> str:
+        """An own constant named by its value where small (instances with the same value share
+        it, and a record's key, by which what plans learn is kept, does not depend on where the
+        instance is in its mix), else by its instance."""
+        named = self.named.get(name)
+        if named is None:
+            key = _constant_key(name, self.weights[name])  # (name, dtype, shape, digest of the bytes)
+            value = hashlib.blake2b(repr(key[1:3]).encode() + key[3], digest_size=16).hexdigest() \
+                if isinstance(key, tuple) else ""
+            named = self.named[name] = f"{name}#{value}" if value else ""
+        return named or f"i{instance}/{name}"
+
+
+def instance_records(graph: Graph) -> InstanceRecords:
+    """The nodes of ``graph`` (one instance, its values typed) in topological order as records."""
+    weights = graph.initializers()
+    producer: dict[str, int] = {}
+    records = []
+    for i, node in enumerate(graph.topological_order()):
+        entries = tuple(MISSING if not name else name if name in weights else graph.values[name].type
+                        for name in node.inputs)
+        types = [graph.values[name].type if name else None for name in node.outputs]
+        captured = tuple((name, name, graph.values[name].type) for name in sorted(captured_names(node))
+                         if name in graph.values)
+        preds = sorted({producer[name] for name in (*node.inputs, *(c[0] for c in captured)) if name in producer})
+        # The key holds the attributes by content: callers keep what plans learn of keys longer
+        # than these records live, and an id could come back for other attributes. So it holds
+        # small constants by content too: one folded from an input's shape has the same name in
+        # the graph of every input signature, but not the same value.
+        key = (node.domain, node.op_type, attributes_key(node.attributes), _signed(entries, weights), captured)
+        records.append(Record(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
+                              entries, key, preds, captured=captured))
+        producer.update((name, i) for name in node.outputs if name)
+    return InstanceRecords(records, set(graph.values) - weights.keys(), producer, weights)
+
+
+def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[str, int], dict[str, np.ndarray]]:
+    """The records of a batch: those of instance k after those of instances 0..k-1, its own
+    values named ``i{k}/name``; the record producing each value; and the constants they read.
+    A constant every instance has alike is shared; one that differs (an unrolled loop's trip
+    values, a value folded for a length) is the instance's own, and so are the entries that name
+    it: named by its value where small (``InstanceRecords.own_name``)."""
+    weights = _common_weights([piece.weights for piece in pieces])
+    records: list[Record] = []
+    producer: dict[str, int] = {}
+    for k, piece in enumerate(pieces):
+        offset = len(records)
+        own = [name for name in piece.weights if name not in weights]
+        names = {name: f"i{k}/{name}" for name in piece.own}
+        names.update((name, piece.own_name(k, name)) for name in own)
+        weights.update((names[name], piece.weights[name]) for name in own)
+        rename = names.get
+        for r in piece.records:
+            entries, key = r.entries, r.key
+            if own and any(type(entry) is str and entry in names for entry in entries):
+                entries = tuple(rename(entry, entry) if type(entry) is str else entry for entry in entries)
+                key = (*key[:3], _signed(entries, weights), *key[4:])
+            records.append(Record(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
+                                  r.attributes, r.types, entries, key, [p + offset for p in r.preds], k,
+                                  tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)))
+        producer.update((names[name], index + offset) for name, index in piece.producer.items())
+    return records, producer, weights
+
+
+def _common_weights(weights: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The constants of every instance's graph that all have alike (the first's dict itself,
+    when every instance has it: one model's typed graphs share theirs)."""
+    first = weights[0]
+    if all(other is first for other in weights[1:]):
+        return first
+    return {name: array for name, array in first.items()
+            if all(name in other and alike(array, other[name]) for other in weights[1:])}
+
+
+def _signed(entries: tuple, weights: Mapping[str, np.ndarray]) -> tuple:
+    """Entries as a record key holds them: a constant by its name, and a small one (up to
+    ``FOLD_LIMIT`` elements) by its value too."""
+    return tuple(_constant_key(entry, weights[entry]) if type(entry) is str and entry in weights else entry
+                 for entry in entries)
+
+
+def _constant_key(name: str, array: np.ndarray) -> Hashable:
+    if array.size > FOLD_LIMIT:
+        return name
+    data = repr(array.tolist()).encode() if array.dtype.kind == "O" else np.ascontiguousarray(array).tobytes()
+    return name, array.dtype.str, array.shape, hashlib.blake2b(data, digest_size=16).digest()
+
+
+def alike(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same array, or equal ones of one dtype and shape (NaNs equal)."""
+    return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))

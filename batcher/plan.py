@@ -1,0 +1,183 @@
+"""The plan's contract: what the flat planner (``batcher.flat``) makes, and what the executor
+(``backends.flat_executor``) and the lowering to one ONNX graph (``backends.lowering``) read.
+
+A plan is arenas and steps. Every per-instance value of one (dtype, shape) lives in one arena
+array, a row a value; a ragged step's result is a *block*, an arena of its own with each
+member's rows after the last's. A step is one launch: the rows each stacked operand reads, the
+template to run, and the rows its outputs fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from autobatch.batcher.batching_pass import BatchReport
+from autobatch.batcher.folds import Level
+from autobatch.batcher.sequences import Chunk, chunks
+from autobatch.ir import Graph
+
+# Element types an arena holds as a plain NumPy array (the others need ml_dtypes conversions).
+ARENA_TYPES = frozenset({
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL, TensorProto.INT8,
+    TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16,
+    TensorProto.UINT32, TensorProto.UINT64,
+})
+
+ARENA_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in ARENA_TYPES)
+
+
+class NotFlat(Exception):
+    """A batch this path cannot plan (a tree fold's children not known when traced); the
+    message says why."""
+
+
+Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)
+
+
+@dataclass(eq=False)
+class Template:
+    """One signature class batched by its rule. Inputs: ``x{i}`` for stacked operand i
+    (``[N, *shape]``), ``w{i}`` for a shared operand fed as it is. Outputs ``[N, *shape]``,
+    or a single value when ``once`` (every operand shared: the members are duplicates). A
+    ``solo`` template is the op itself, run for one member at a time (also ``once``)."""
+
+    graph: Graph
+    stacked: list[int]
+    fed: list[int]
+    once: bool
+    solo: bool = False  # the op itself on one member's values (no rule batches it): reads rows, not [N] stacks
+    reason: str = ""  # why a solo template's class runs one member at a time
+    ragged: bool = False  # the op itself on every member's rows concatenated (``batcher.ragged``)
+    # A recurrent layer over chunks of padded sequences (``batcher.sequences``): the ONNX index
+    # of each output the template gives.
+    sequences: tuple[int, ...] | None = None
+    # A ragged op that only reshapes each row (``ROW_RESHAPES``): the row shape it makes, run as
+    # a NumPy reshape of the rows (a view), whatever the backend.
+    row_shape: tuple[int, ...] | None = None
+    # A loss over rows (``batcher.ragged.ROW_LOSS``): the template gives one value a row, and
+    # this reduces each member's run of them.
+    segment: RowReduction | None = None
+    # A ragged template's rows run along this axis of its per-instance operands, and along
+    # ``out_axes`` of its outputs (leading axes of 1 before it: ``[1, L, d]``); it reads and
+    # writes them as ``[rows, *row]`` all the same.
+    length_axis: int = 0
+    out_axes: tuple[int, ...] = ()
+    # The inputs (named as its subgraphs read them) that a solo template's op reads from
+    # outside through its subgraphs, fed after the stacked operands.
+    captured: tuple[str, ...] = ()
+    runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
+
+
+@dataclass(frozen=True)
+class RowReduction:
+    """A ReduceSum or ReduceMean over axis 0 of members of different lengths: each member's run
+    of rows reduced in NumPy on every backend, as a sum of terms is."""
+
+    mean: bool
+    keepdims: bool
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Rows of values kept in a block (``Block``), ``length`` rows each, each value of ``shape``:
+    read as ``[values, *shape]``."""
+
+    rows: slice | np.ndarray
+    length: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """Rows read as ``shape``: one value kept in a block whose rows are not its leading axis
+    (``[1, L, d]`` kept as ``L`` rows of ``[d]``), or values read as rows for a ragged step."""
+
+    rows: Any  # Rows
+    shape: tuple[int, ...]
+
+
+class Pieces(list):
+    """(arena, row or run of rows) per value, for values kept in several ways: read one by one."""
+
+
+@dataclass(frozen=True)
+class Padded:
+    """Values of different shapes (``shapes``) read as one stack ``[values, *shape]``, each at
+    the start of its slot, the rest zeros; but, with ``fill`` ``(axis, value)``, ``value`` past
+    each value's end along that axis of its own (``batcher.padding``)."""
+
+    pieces: Pieces
+    shape: tuple[int, ...]
+    fill: tuple[int, float] | None
+    shapes: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Unpadded:
+    """A padded step's result ``[values, ...]`` written a value at a time: value ``m`` is the
+    start of slot ``m`` (``shapes[m]``), put at ``places[m]`` (arena, row)."""
+
+    places: list[tuple[int, int]]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped | Padded  # a list: the names of literals (arena ``LITERALS``)
+LITERALS = -1  # the "arena" of reads stacked straight from literal values
+# The "arena" of loose values, kept one by one as they are (a sequence, a bfloat16 array, a
+# tensor whose shape is known once computed); the "row" is the value's name: a loose step's
+# result of this run, else a literal, else a weight.
+LOOSE = -2
+
+
+@dataclass(frozen=True)
+class Block:
+    """A write of a ragged step's whole result as the arena itself: its members' rows one after
+    the other, no copy (the arena is not allocated; the step's result becomes it)."""
+
+    arena: int
+
+
+@dataclass
+class Step:
+    """One launch. ``template`` None: a sum of terms or a ``segment`` reduction, ``offsets``
+    where each member's rows start. A ragged step (``groups`` set: the members' lengths and how
+    many have each) reads per operand every member's rows one after the other: one (arena, rows),
+    or a list of them, one per group (``[members, length, ...]`` each); it writes a ``Block`` per
+    output, or a plain (arena, first row) for an output of one row a member. A recurrent layer's
+    step (its template's ``sequences`` set) runs in padded calls: ``chunked(size)``."""
+
+    template: Template | None
+    size: int
+    reads: list[Any]  # per stacked operand: (arena, rows) (a solo step: one row), or a list of them per group
+    weights: list[str]  # per fed operand: the shared value's name
+    writes: list[Any]  # per output: (arena, first row), a Block, or Unpadded
+    offsets: np.ndarray | None = None
+    groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
+    segment: RowReduction | None = None
+    fold: list[Level] | None = None  # a fold's launches: the leaves', then a level's each (``batcher.folds``)
+    _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
+
+    def chunked(self, size: int | None) -> list[Chunk]:
+        """A recurrent layer's members in padded calls of ``size`` (None: one call), longest
+        first (``batcher.sequences``); worked out once a size, as a plan may serve many runs."""
+        parts = self._chunks.get(size)
+        if parts is None:
+            assert self.groups is not None
+            lengths = [length for length, count in self.groups for _ in range(count)]
+            parts = self._chunks[size] = chunks(lengths, size or len(lengths))
+        return parts
+
+
+@dataclass
+class FlatPlan:
+    kinds: list[Kind]  # of each arena
+    rows: list[int]  # rows of each arena
+    blocks: set[int]  # arenas that are a ragged step's result (``Block``), not allocated
+    literal_runs: list[tuple[int, int, list[str]]]  # (arena, first row, literals): values given at run time
+    steps: list[Step]
+    locations: dict[str, tuple[int, int | slice]]  # wanted value -> (arena, row), or its rows in a block
+    report: BatchReport
