@@ -35,15 +35,22 @@ def _batch_of(*values: Any) -> Tracer:
 def _tensors(op: str, *values: Operand) -> list[Tensor]:
     """Operands as tensors of one batch; Python scalars take the dtype of the tensor operands."""
     first = values[0]
-    if type(first) is Tensor:  # the common case, kept cheap: tensors of one batch and dtype
+    if type(first) is Tensor:  # the common case, kept cheap: tensors and parameters of one batch and dtype
         batch, dtype = first.batch, first.dtype
+        tensors = []
         for v in values:
-            if type(v) is not Tensor or v.batch is not batch or (v.dtype is not dtype and v.dtype != dtype):
+            kind = type(v)
+            if kind is Parameter:
+                v = batch.parameter(v)
+            elif kind is not Tensor or v.batch is not batch:
                 break
+            if v.dtype is not dtype and v.dtype != dtype:
+                break
+            tensors.append(v)
         else:
             active = _current.get(None)
             if active is None or active is batch:
-                return list(values)  # type: ignore[arg-type]
+                return tensors
     batch = _batch_of(*values)
     dtypes = [v.dtype if isinstance(v, Tensor) else v.array.dtype for v in values if isinstance(v, (Tensor, Parameter))]
     dtype = dtypes[0] if dtypes else None
@@ -60,7 +67,7 @@ def _tensors(op: str, *values: Operand) -> list[Tensor]:
 def _elementwise(op_type: str, *values: Operand, attrs: dict | None = None, dtype: Any = None) -> Tensor:
     inputs = _tensors(op_type, *values)
     shape = inputs[0].shape
-    if len({t.shape for t in inputs}) > 1:
+    if any(t.shape != shape for t in inputs):
         try:
             shape = np.broadcast_shapes(*(t.shape for t in inputs))
         except ValueError:
@@ -391,3 +398,16 @@ def reduce_sum(x: Operand, axis: int | None = None) -> Tensor:
 def zeros(shape: Sequence[int], dtype: Any = np.float32) -> Tensor:
     """Equal requests in one batch share a tensor, so that calls reading it can be reused."""
     return current_batch().zeros(tuple(shape), np.dtype(dtype))
+
+
+def _install_operators() -> None:
+    """``Tensor``'s numpy-like operators, as the ops above (bound once here: an import inside
+    each operator would cost every traced op a module lookup)."""
+    Tensor.__add__, Tensor.__sub__, Tensor.__mul__, Tensor.__truediv__ = add, sub, mul, div  # type: ignore[method-assign]
+    Tensor.__radd__ = lambda self, other: add(other, self)  # type: ignore[method-assign]
+    Tensor.__rsub__ = lambda self, other: sub(other, self)  # type: ignore[method-assign]
+    Tensor.__rmul__ = lambda self, other: mul(other, self)  # type: ignore[method-assign]
+    Tensor.__matmul__, Tensor.__neg__, Tensor.__getitem__ = matmul, neg, index  # type: ignore[method-assign]
+
+
+_install_operators()

@@ -21,6 +21,7 @@ import numpy as np
 from onnx import AttributeProto, helper
 
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
+from autobatch.ir.random_ops import NONDETERMINISTIC
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
 from autobatch.ir.records import FOLD_DOMAIN, Record
@@ -94,46 +95,8 @@ class Tensor:
         state = "known" if self.value is not None else "pending"
         return f"Tensor({self.name}, shape={self.shape}, dtype={self.dtype}, {state})"
 
-    # numpy-like operators; the ops live in autobatch.frontends.ops
-    def __add__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.add(self, other)
-
-    def __radd__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.add(other, self)
-
-    def __sub__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.sub(self, other)
-
-    def __rsub__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.sub(other, self)
-
-    def __mul__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.mul(self, other)
-
-    def __rmul__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.mul(other, self)
-
-    def __truediv__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.div(self, other)
-
-    def __matmul__(self, other: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.matmul(self, other)
-
-    def __neg__(self) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.neg(self)
-
-    def __getitem__(self, index: Any) -> Tensor:
-        from autobatch.frontends import ops
-        return ops.index(self, index)
+    # numpy-like operators (``+ - * / @``, unary ``-``, ``[]``): installed by
+    # ``autobatch.frontends.ops``, which defines the ops and imports this module.
 
 
 _parameter_ids = itertools.count()
@@ -166,6 +129,7 @@ class Parameter:
 
 
 _NO_ATTRIBUTES: dict[str, AttributeProto] = {}
+_MAYBE_RANDOM = NONDETERMINISTIC | {"Dropout"}  # the ONNX ops ``is_nondeterministic`` may say yes to
 
 
 @dataclass(slots=True, eq=False)
@@ -339,7 +303,8 @@ class Tracer:
         attributes = attrs or _NO_ATTRIBUTES
         attributes_id = id(attributes)  # alive while the record is: no other attributes take it
         seen = None
-        if self.reuse_calls and not is_nondeterministic(op_type, domain, self.functions, names):
+        if self.reuse_calls and (not domain and op_type not in _MAYBE_RANDOM  # most ops: no call to ask
+                                 or not is_nondeterministic(op_type, domain, self.functions, names)):
             # The op, its attributes and its operands fix its outputs.
             seen = (op_type, domain, attributes_id, *names)
             if seen in self._calls:
@@ -379,13 +344,19 @@ class Tracer:
             elif type(tensor.entry) is not str:  # per-instance data (a shared value's entry is its name)
                 literals[tensor.name] = tensor.value  # a known value is data of the graph to run
         index = len(self._records)
-        tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
-                   for shape, dtype, vtype in zip(shapes, dtypes, types)]
-        self._pending += map(weakref.ref, tensors)
+        if len(shapes) == 1:  # most ops: one output, without the loops
+            tensor = Tensor(self, f"t{next(self._names)}", shapes[0], dtypes[0], None, types[0], index)
+            tensors, outputs = [tensor], [tensor.name]
+            self._pending.append(weakref.ref(tensor))
+        else:
+            tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
+                       for shape, dtype, vtype in zip(shapes, dtypes, types)]
+            outputs = [t.name for t in tensors]
+            self._pending += map(weakref.ref, tensors)
         if seen is not None:
             self._calls[seen] = index
-        self._records.append(Record(op_type, domain, names, [t.name for t in tensors], attributes, types, entries,
-                                    key, preds, self._instance))
+        self._records.append(Record(op_type, domain, names, outputs, attributes, types, entries, key, preds,
+                                    self._instance))
         return tensors
 
     def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],

@@ -100,3 +100,13 @@ def test_serving_load_serves_an_exported_model_with_nothing_lost_or_wrong(capsys
                               "--backend", "onnxruntime"]) == 0
     printed = capsys.readouterr().out
     assert "batching on" in printed and "always batched" in printed and "batching off" in printed
+
+
+def test_tracing_cost_measures_each_way_beside_the_bare_recorder(capsys) -> None:
+    from benchmarks import tracing_cost
+
+    us = tracing_cost.main(["--steps", "60", "--size", "4", "--instances", "6", "--repeats", "1"])
+    assert set(us) == {"primitive op, traced", "cell call, traced", "bare recorder, an op", "planning, a primitive record"}
+    assert all(value > 0 for value in us.values())
+    printed = capsys.readouterr().out
+    assert "x the bare recorder" in printed and "records planned" in printed
