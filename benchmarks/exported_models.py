@@ -10,7 +10,8 @@ measured faster: ``autobatch.ways``).
     python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2,cnn] [--size 256] [--texts 64]
 
 Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix; the
-CNN's images are 16..64 pixels a side. Every
+CNN's images are 16..64 pixels a side. The systems take turns (one timed call each a round,
+``--repeats`` rounds, the fastest kept), so that this machine's drifts reach them all. Every
 batched result is checked against onnxruntime's for its text alone first (float32 within 1e-4
 relative: a projection of every text's rows sums in another order). Padding is exact only where
 a mask reaches every padded position: not for the taggers' reverse direction (its time says
@@ -30,7 +31,7 @@ import onnxruntime as ort
 from autobatch import InferenceSession, arguments
 from autobatch.ways import BATCHED_FIRST
 from benchmarks import exports
-from benchmarks.timing import print_against, timed
+from benchmarks.timing import print_against
 
 THREADS = 2
 
@@ -91,34 +92,38 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
     seconds = {"ours, first call (plans, prepares)": time.perf_counter() - start}
     for want, got in zip((alone.run(None, text)[0] for text in batch), first, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=name)
-    seconds["onnxruntime, one text at a time"] = timed(lambda: [alone.run(None, t) for t in batch], repeats)[1]
-    seconds["onnxruntime, padded to the longest, one call"] = timed(lambda: pad.run(None, padded(batch, pad_inputs)),
-                                                                    repeats)[1]
-    seconds["ours, run_batch, the same mix again"] = timed(lambda: ours.run_batch(None, batch), repeats)[1]
+    # ``chosen`` is a session with its defaults: it runs each new mix batched or each text alone,
+    # whichever it measured faster (``autobatch.ways``), once it has measured both.
+    chosen = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
     # A server's steady state: every length seen once (its shapes typed, its templates made), then
     # each call a mix of lengths never batched together before.
     if name != "cnn":  # (images: most of their 49^2 sizes are new in each mix)
-        ours.run_batch(None, texts(list(range(5, 61)), rng))
-    mixes = [instances(name, count, rng) for _ in range(repeats)]
-    new = []
-    for mix in mixes:
-        start = time.perf_counter()
-        ours.run_batch(None, mix)
-        new.append(time.perf_counter() - start)
-    seen = "sizes new" if name == "cnn" else "lengths seen"
-    seconds[f"ours, run_batch, a new mix each call ({seen})"] = min(new)
-    chosen = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
-    if name != "cnn":
-        chosen.run_batch(None, texts(list(range(5, 61)), rng))
-    ways, chosen_seconds = [], []
+        for session in (ours, chosen):
+            session.run_batch(None, texts(list(range(5, 61)), rng))
     for _ in range(BATCHED_FIRST + 2):  # what a new mix costs batched and alone, as the session measures it
         chosen.run_batch(None, instances(name, count, rng))
-    for mix in mixes:
-        start = time.perf_counter()
-        chosen.run_batch(None, mix)
-        chosen_seconds.append(time.perf_counter() - start)
+    mixes = [instances(name, count, rng) for _ in range(repeats)]
+    seen = "sizes new" if name == "cnn" else "lengths seen"
+    systems = {
+        "onnxruntime, one text at a time": lambda k: [alone.run(None, t) for t in batch],
+        "onnxruntime, padded to the longest, one call": lambda k: pad.run(None, padded(batch, pad_inputs)),
+        "ours, run_batch, the same mix again": lambda k: ours.run_batch(None, batch),
+        f"ours, run_batch, a new mix each call ({seen})": lambda k: ours.run_batch(None, mixes[k]),
+        f"ours, run_batch as a session chooses, a new mix each call ({seen})": lambda k: chosen.run_batch(None, mixes[k]),
+    }
+    for run in list(systems.values())[:3]:  # warm-ups (the same mix's second use makes its one session)
+        run(0), run(0)
+    # The systems take turns, each timed once a round, so that the machine's drifts reach them all.
+    times: dict[str, list[float]] = {label: [] for label in systems}
+    ways = []
+    for k in range(repeats):
+        for label, run in systems.items():
+            start = time.perf_counter()
+            run(k)
+            times[label].append(time.perf_counter() - start)
         ways.append("alone" if chosen.stats.alone else "batched")
-    seconds[f"ours, run_batch as a session chooses, a new mix each call ({seen})"] = min(chosen_seconds)
+    ours.run_batch(None, batch)  # its stats, for the launches printed below
+    seconds.update((label, min(values)) for label, values in times.items())
     extent = [t["ids"].shape[-1] for t in batch]
     print(f"{name}: size {size}, {count} instances, lengths (or widths) {min(extent)}..{max(extent)}; "
           f"{ours.stats.report.launches} launches "
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="lstm,encoder,bert,gpt2,cnn", help=f"some of {','.join(exports.MODELS)}")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="model width")
     parser.add_argument("--texts", type=arguments.integer(1), default=64)
-    parser.add_argument("--repeats", type=arguments.integer(1), default=3)
+    parser.add_argument("--repeats", type=arguments.integer(1), default=5)
     parser.add_argument("--json", type=Path, help="write the times here")
     args = parser.parse_args(argv)
     names = args.models.split(",")
