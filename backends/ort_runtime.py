@@ -245,10 +245,6 @@ class SessionCache:
     def __init__(self, providers: Sequence[str] | None = None, threads: int = 0, spinning: bool = False) -> None:
         self.providers = tuple(providers) if providers is not None else default_providers()
         self.options = session_options(threads, spinning)
-        # A session of a whole model or plan runs it alone, op after op: its threads spin between
-        # its ops, as onnxruntime's own default (1.1-1.5x faster than idle threads woken each op
-        # here); the many small template sessions do not, or their pools would spin against each other.
-        self.whole_options = session_options(threads, spinning=True)
         self.stats = CacheStats()
         self._sessions: Recent = Recent(SESSIONS_KEPT)
 

@@ -42,7 +42,7 @@ class WholePlan:
     """One session of a lowered plan; ``run(feeds)`` gives its outputs in order."""
 
     def __init__(self, model: onnx.ModelProto, cache: SessionCache) -> None:
-        self.session = new_session(model, cache.whole_options, cache.providers)
+        self.session = new_session(model, cache.options, cache.providers)
         self.inputs = [value.name for value in self.session.get_inputs()]
         self.outputs = [value.name for value in self.session.get_outputs()]
 

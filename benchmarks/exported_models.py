@@ -118,6 +118,9 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
     ways = []
     for k in range(repeats):
         for label, run in systems.items():
+            # The last system's onnxruntime threads may still spin (its default); a deployment
+            # runs one of these, so each starts on idle cores.
+            time.sleep(0.1)
             start = time.perf_counter()
             run(k)
             times[label].append(time.perf_counter() - start)
