@@ -92,11 +92,12 @@ def _inspect_plan(graph: Graph, feeds: list[dict[str, np.ndarray]], out: Print) 
     """The plan ``run_batch`` makes and runs for these instances, printed with its time beside
     onnxruntime's one instance at a time; returns it lowered to one ONNX graph."""
     try:
-        session = InferenceSession(graph, backend="onnxruntime")
+        # Always batched: this shows and times the plan (by default a mix may run alone: ``autobatch.ways``).
+        session = InferenceSession(graph, backend="onnxruntime", alone_when_faster=False)
         alone = new_session(to_onnx(graph), session_options(threads=0), [CPU])
     except UnsupportedByOnnxruntime as error:
         out(f"  onnxruntime cannot run this model ({error}); the plan on the numpy backend:")
-        session, alone = InferenceSession(graph, backend="numpy"), None
+        session, alone = InferenceSession(graph, backend="numpy", alone_when_faster=False), None
     session.run_batch(None, feeds)
     report = session.stats.report
     out(f"  plan for {len(feeds)} instances (random sizes for symbolic dimensions): {report}")
