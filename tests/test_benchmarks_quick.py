@@ -16,6 +16,7 @@ from benchmarks.paper import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # 30-100 s: run by .ci/run after the default suite
 def test_benchmarks_quick(tmp_path: Path) -> None:
     out = tmp_path / "quick.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
