@@ -248,9 +248,6 @@ class InferenceSession:
         except WorkLimit as error:
             raise FeedError(str(error)) from None
 
-    def _run_alone(self, names: list[str], feeds: dict[str, Any]) -> list[np.ndarray]:
-        return self.run(names, feeds)
-
     def run_batch(self, output_names: Sequence[str] | None,
                   feeds_list: Sequence[Mapping[str, Any]]) -> list[list[np.ndarray]]:
         """Many instances, batched; result ``[i][j]`` is output j of instance i. A batch may run
@@ -272,7 +269,7 @@ class InferenceSession:
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         begin = time.perf_counter()
         if way == ALONE:
-            results = [self._run_alone(names, feeds) for feeds in checked]
+            results = [self.run(names, feeds) for feeds in checked]
             self.stats = SessionStats(len(checked), None, alone=len(checked), seconds={"alone": time.perf_counter() - begin},
                                       why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
         else:

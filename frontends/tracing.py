@@ -21,7 +21,7 @@ import numpy as np
 from onnx import AttributeProto, helper
 
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
-from autobatch.ir.random_ops import NONDETERMINISTIC
+from autobatch.ir.random_ops import MAYBE_NONDETERMINISTIC
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
 from autobatch.ir.records import FOLD_DOMAIN, Record
@@ -129,7 +129,6 @@ class Parameter:
 
 
 _NO_ATTRIBUTES: dict[str, AttributeProto] = {}
-_MAYBE_RANDOM = NONDETERMINISTIC | {"Dropout"}  # the ONNX ops ``is_nondeterministic`` may say yes to
 
 
 @dataclass(slots=True, eq=False)
@@ -303,7 +302,7 @@ class Tracer:
         attributes = attrs or _NO_ATTRIBUTES
         attributes_id = id(attributes)  # alive while the record is: no other attributes take it
         seen = None
-        if self.reuse_calls and (not domain and op_type not in _MAYBE_RANDOM  # most ops: no call to ask
+        if self.reuse_calls and (not domain and op_type not in MAYBE_NONDETERMINISTIC  # most ops: no call to ask
                                  or not is_nondeterministic(op_type, domain, self.functions, names)):
             # The op, its attributes and its operands fix its outputs.
             seen = (op_type, domain, attributes_id, *names)

@@ -10,6 +10,8 @@ from onnx import FunctionProto
 NONDETERMINISTIC = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
 })
+# The ONNX ops of the default domain that ``is_nondeterministic`` may say yes to (a cheap first test).
+MAYBE_NONDETERMINISTIC = NONDETERMINISTIC | {"Dropout"}
 
 
 def is_nondeterministic(op_type: str, domain: str, functions: Mapping[tuple[str, str], FunctionProto],
