@@ -21,7 +21,7 @@ from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
-from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime
+from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import plan_records
@@ -232,19 +232,21 @@ class InferenceSession:
         they count them as they run; onnxruntime cannot, so there the instance is unrolled
         first, to know. A recurrent layer that may get no steps runs on the NumPy interpreter
         (onnxruntime aborts there) and the rest on onnxruntime, as in a batch."""
-        feeds = check_feeds(self.graph, feeds)
+        return self._run_alone(self._output_names(output_names), check_feeds(self.graph, feeds))
+
+    def _run_alone(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
+        """``run`` of feeds already checked (a batch run alone checked them once)."""
         if self.backend == "onnxruntime":
             typed = self._typed_graph(feeds) if self._control_flow or self._recurrent else None
             if typed is None or not self._recurrent or not any(might_abort_onnxruntime(typed, node)
                                                                for node in typed.nodes.values()):
-                outputs = dict(zip(self.graph.outputs, self._single.run(feeds)))
-                return [outputs[name] for name in self._output_names(output_names)]
+                return run_session(self._single.session.run, names, feeds)
             if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
                 key = None if self._control_flow else (_input_signature(feeds),)
-                return self._run_batched(self._output_names(output_names), [feeds], key, {}, time.perf_counter())[0]
+                return self._run_batched(names, [feeds], key, {}, time.perf_counter())[0]
         try:
             with work_limit(self.max_unrolled_nodes):
-                return self._interpreter.run(feeds, output_names)
+                return self._interpreter.run(feeds, names)
         except WorkLimit as error:
             raise FeedError(str(error)) from None
 
@@ -269,7 +271,7 @@ class InferenceSession:
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         begin = time.perf_counter()
         if way == ALONE:
-            results = [self.run(names, feeds) for feeds in checked]
+            results = [self._run_alone(names, feeds) for feeds in checked]
             self.stats = SessionStats(len(checked), None, alone=len(checked), seconds={"alone": time.perf_counter() - begin},
                                       why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
         else:

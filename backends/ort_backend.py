@@ -28,10 +28,6 @@ class OrtBackendRep(BackendRep):
                 raise UnsupportedByOnnxruntime(
                     f"{name!r} is {vtype!r}: onnxruntime's Python API takes and gives no bfloat16, float8 or "
                     "4-bit arrays; run it on the numpy backend")
-        # Its threads do not spin between runs (onnxruntime's default would): 64 BERT texts one
-        # after the other took about 65 ms here rather than 50, but in a server spinning threads
-        # take the cores from the requests' handling (the exported tagger served with batching
-        # off: 292 and 331 requests/s in two runs spinning, 350 in one not; a noisy machine).
         self.session = new_session(to_onnx(graph), session_options(threads), providers)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
