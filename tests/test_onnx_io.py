@@ -52,10 +52,27 @@ def test_light_model_round_trip(path: Path):
     got = ort_run(exported, feeds)
     for e, g in zip(expected, got, strict=True):
         np.testing.assert_array_equal(g, e)
-    ours = NumpyBackend.prepare(exported).run(feeds)
+    # Compared before a final Softmax: these models' constant weights make logits of about 7e9,
+    # where one ulp (1,024) that another summation order gives turns a softmax output of 0.001
+    # into 0 (it failed with one BLAS thread only).
+    logits = _without_final_softmax(exported)
+    expected = ort_run(logits, feeds)
+    ours = NumpyBackend.prepare(logits).run(feeds)
     for e, g in zip(expected, ours, strict=True):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+def _without_final_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    last = model.graph.node[-1]
+    if last.op_type != "Softmax" or list(last.output) != [o.name for o in model.graph.output]:
+        return model
+    cut = onnx.shape_inference.infer_shapes(model)
+    logits = next(info for info in cut.graph.value_info if info.name == last.input[0])
+    cut.graph.node.pop()
+    del cut.graph.output[:]
+    cut.graph.output.append(logits)
+    return cut
 
 
 def test_export_lowers_ir_version_for_onnxruntime():
