@@ -11,10 +11,14 @@ import numpy as np
 
 from autobatch.batcher import BatchingPass, get_scheduler
 from autobatch.batcher.flat import plan_records
-from autobatch.batcher.plan import NotFlat
+from autobatch.batcher.plan import NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tracing import OPSET, Tensor, TraceError, Tracer
 from autobatch.session import flat_executor, make_runner_factory
+
+# Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
+# the next one's classes are mostly the same.
+TRACED_TEMPLATES = TemplateCache()
 
 
 class Batch(Tracer):
@@ -54,7 +58,7 @@ class Batch(Tracer):
         """Values of ``names`` (made by the records at ``producers``) by the flat plan."""
         try:
             plan = plan_records(self._records, names, producers, self._weights, self._literals, self.functions,
-                                self._opsets(), self.scheduler)
+                                self._opsets(), self.scheduler, cache=TRACED_TEMPLATES)
         except NotFlat as why:
             raise TraceError(str(why)) from None
         values = self._flat.run(plan, self._weights, self._literals, plan.report.execution)  # type: ignore[union-attr]

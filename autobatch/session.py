@@ -26,7 +26,7 @@ from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_pla
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.instances import InstanceRecords, alike, instance_records, mix_records
-from autobatch.batcher.plan import FlatPlan
+from autobatch.batcher.plan import FlatPlan, TemplateCache
 from autobatch.batcher.constants import constant_value, constants_to_initializers, fold_known_values
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
@@ -188,6 +188,7 @@ class InferenceSession:
         # Batches take the flat path (but on CUDA: ``flat_executor``); plans are kept per mix of
         # input signatures, but not with control flow, where each instance unrolls by its values.
         self._flat = flat_executor(backend, threads, providers) if flat else None
+        self.templates = TemplateCache()  # its plans' templates, with the runs prepared for them
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
@@ -381,7 +382,8 @@ class InferenceSession:
         # not across unrolled instances, whose constants are their own.
         known = self._known_records if key is not None else None
         plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
-                            self.graph.opset_imports, self.batching.scheduler_name, known, apart=True, padded=padded)
+                            self.graph.opset_imports, self.batching.scheduler_name, known, apart=True, padded=padded,
+                            cache=self.templates)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
 
     def plan_model(self, feeds_list: Sequence[Mapping[str, Any]]) -> ModelProto:

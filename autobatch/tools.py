@@ -22,6 +22,7 @@ from autobatch.backends.lowering import lower_plan
 from autobatch.batcher import build_problem, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.instances import instance_records, mix_records
+from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE
 from autobatch.batcher.rewrite import refusal
 from autobatch.batcher.signature import describe, node_signature
@@ -156,7 +157,7 @@ def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     literals = {f"i0/{name}": np.broadcast_to(np.zeros((), vtype.dtype), vtype.shape)  # only their types are read
                 for name, vtype in types.items()}
     plan = plan_records(records, wanted, [producer[name] for name in wanted if name in producer], weights, literals,
-                        graph.functions, graph.opset_imports, scheduler)
+                        graph.functions, graph.opset_imports, scheduler, cache=TemplateCache())
     exported = to_onnx(graph, check=False)
     outputs = [(info, plan.locations[name]) for info, name in zip(exported.graph.output, wanted)]
     model = lower_plan(plan, exported.graph.input, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,

@@ -44,7 +44,8 @@ from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions
 from autobatch.batcher.padding import Padding, padded_chunks, padding
 from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, FlatPlan, Kind, NotFlat, Padded,
-                                    Pieces, RowReduction, Rows, Runs, Shaped, Step, Template, Unpadded)
+                                    Pieces, RowReduction, Rows, Runs, Shaped, Step, Template, TemplateCache,
+                                    Unpadded)
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
 from autobatch.batcher.rewrite import MIN_STACKING_OPSET, RANDOM
@@ -64,12 +65,7 @@ BAKED_SIZE = 64
 # run of rows is a range of ints).
 ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
-TEMPLATE_CACHE_SIZE = 4096
 SUM_OF_TERMS = "sum of terms"
-_templates: dict[tuple, Template | None | str] = {}
-# The cell functions whose ids are part of ``_templates`` keys, alive as long as those entries:
-# a new function given a dead one's id would otherwise find its entries.
-_keyed_functions: dict[int, Any] = {}
 _PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
 _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged classes are merged
 
@@ -77,7 +73,7 @@ _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged cl
 def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
                  opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None,
-                 apart: bool = False, padded: bool = True) -> FlatPlan:
+                 apart: bool = False, padded: bool = True, *, cache: TemplateCache) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
@@ -85,11 +81,9 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     ``apart``: no record reads a value of another instance (``mix_records``' records), which
     makes the schedulers' levels cheap to work out, and (with ``padded``) lets the classes of
     one node of the model over instances of different shapes run padded (``batcher.padding``)."""
-    if len(_templates) >= TEMPLATE_CACHE_SIZE:  # between plans, never during one
-        _templates.clear()
-        _keyed_functions.clear()
+    cache.make_room()  # between plans, never during one
     start = time.perf_counter()
-    planner = _Planner(weights, literals, functions, opsets, known)
+    planner = _Planner(cache, weights, literals, functions, opsets, known)
     records, preds = _live(records, producers)
     problem = planner.sign(records, preds, apart, padded)
     analysed = time.perf_counter()
@@ -121,8 +115,9 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
 
 
 class _Planner:
-    def __init__(self, weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray],
+    def __init__(self, cache: TemplateCache, weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray],
                  functions: Functions, opsets: Mapping[str, int], known: dict[Hashable, tuple] | None = None) -> None:
+        self.cache = cache  # templates by key, kept across plans
         self.weights = weights
         self.literals = literals
         self.functions = functions
@@ -317,7 +312,7 @@ class _Planner:
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
             return RowReduction(record.op_type == "ReduceMean", bool(keepdims))
         if kind == "reshape":
-            return _reshape_template(*signature[1:], self.opsets)
+            return _reshape_template(self.cache.templates, *signature[1:], self.opsets)
         specs, baked = self._operand_specs(record)
         if kind == "sequences":
             return self._sequences_template(record, specs, baked)
@@ -327,7 +322,8 @@ class _Planner:
                      else spec for spec in specs)
         key = ("ragged", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes), rows,
                tuple(map(bool, record.outputs)), out_axes)
-        if key not in _templates:
+        cached = self.cache.templates
+        if key not in cached:
             attrs, segment = record.attributes, None
             if record.op_type == ROW_LOSS:  # a loss a row, then each member's sum or mean
                 mean = "reduction" not in attrs or _text(attribute_value(attrs["reduction"])) == "mean"
@@ -338,9 +334,9 @@ class _Planner:
             solo = build_solo(node, rows, baked, self.functions, self.opsets)
             outs = [out for out in signature[4] if out is not None] if kind == "ragged" else []
             graph = as_rows(solo.graph, axis, outs) if axis or any(out_axes) else solo.graph
-            _templates[key] = Template(graph, solo.stacked, solo.fed, once=False, ragged=True, segment=segment,
-                                       length_axis=axis, out_axes=out_axes)
-        template = _templates[key]
+            cached[key] = Template(graph, solo.stacked, solo.fed, once=False, ragged=True, segment=segment,
+                                   length_axis=axis, out_axes=out_axes)
+        template = cached[key]
         return template if isinstance(template, Template) else None
 
     def _sequences_template(self, record: Record, specs: tuple, baked: dict[int, np.ndarray]) -> Template:
@@ -355,7 +351,8 @@ class _Planner:
             padded[k] = None
         key = ("sequences", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes),
                tuple(padded), tuple(map(bool, record.outputs)))
-        if key not in _templates:
+        cached = self.cache.templates
+        if key not in cached:
             inputs = [*record.inputs] + [""] * (len(padded) - len(record.inputs))
             inputs[SEQUENCE_LENS] = "lengths"
             for k in zero:
@@ -364,8 +361,8 @@ class _Planner:
                         list(record.outputs), 0, "")
             solo = build_solo(node, tuple(padded), baked, self.functions, self.opsets)
             outputs = tuple(k for k, name in enumerate(record.outputs) if name)
-            _templates[key] = Template(solo.graph, [0], solo.fed, once=False, ragged=True, sequences=outputs)
-        return _templates[key]  # type: ignore[return-value]
+            cached[key] = Template(solo.graph, [0], solo.fed, once=False, ragged=True, sequences=outputs)
+        return cached[key]  # type: ignore[return-value]
 
     def _place_literal(self, name: str) -> int:
         """A row for a literal read beside computed values (or wanted as it is), after the rows
@@ -407,17 +404,18 @@ class _Planner:
         specs, baked = self._operand_specs(record)
         function = self.functions.get((record.domain, record.op_type)) if record.domain else None
         if function is not None:
-            _keyed_functions[id(function)] = function
+            self.cache.functions[id(function)] = function
         version = self.opsets.get(record.domain, 1)
         captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
         base = (record.domain, record.op_type, version, self._attributes_key(record.attributes), id(function), specs,
                 tuple(map(bool, record.outputs)), solo is not None, captured)
-        per_size = _templates.get(base) == _PER_SIZE
+        cached = self.cache.templates
+        per_size = cached.get(base) == _PER_SIZE
         if per_size and size is None:
             return _PER_SIZE  # resolved per step
         key = base + (size,) if per_size else base
-        if key in _templates:
-            return _templates[key]
+        if key in cached:
+            return cached[key]
         node = Node(-1, record.op_type, record.domain, version, record.attributes, list(record.inputs),
                     list(record.outputs), 0, "")
         if solo is not None:
@@ -427,11 +425,11 @@ class _Planner:
             built, reads_size = build_template(node, specs, baked, [t.shape if t else () for t in record.types],
                                                 self.functions, self.opsets, size or 2)
         if reads_size and not per_size:  # from now on kept per N
-            _templates[base] = _PER_SIZE
+            cached[base] = _PER_SIZE
             if size is None:
                 return _PER_SIZE
             key = base + (size,)
-        _templates[key] = built
+        cached[key] = built
         return built
 
     def _operand_specs(self, record: Record) -> tuple[tuple, dict[int, np.ndarray]]:
@@ -776,18 +774,18 @@ def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence
     return [records[i] for i in kept], [[index[p] for p in records[i].preds] for i in kept]
 
 
-def _reshape_template(elem_type: int, axis: int, row: tuple[int, ...], out: tuple[int, tuple[int, ...]],
+def _reshape_template(cache: dict[tuple, Any], elem_type: int, axis: int, row: tuple[int, ...], out: tuple[int, tuple[int, ...]],
                       opsets: Mapping[str, int]) -> Template:
     """A row reshape (``batcher.ragged``): each of ``R`` rows of ``row`` becomes a row of
     ``out``'s; run as a reshape of the rows (a view) on every backend."""
     key = ("reshape", elem_type, axis, row, out, opsets.get("", 1))
-    template = _templates.get(key)
+    template = cache.get(key)
     if template is None:
         graph = Graph("reshape_rows", {"": opsets.get("", 1)})
         graph.add_input("x0", ValueType.tensor(elem_type, ["R", *row]))
         graph.add_initializer("k1", np.array([-1, *out[1]], np.int64))
         graph.add_node("Reshape", ["x0", "k1"], ["y0"])
         graph.add_output("y0")
-        template = _templates[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
+        template = cache[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
                                               length_axis=axis, out_axes=(out[0],))
     return template  # type: ignore[return-value]

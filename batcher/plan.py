@@ -72,6 +72,25 @@ class Template:
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
+class TemplateCache:
+    """The templates that plans were made of, by key (an op, its attributes, its operands'
+    specs), and the cell functions whose ids are part of those keys (kept alive with them: a new
+    function given a dead one's id would otherwise find their entries). Owned by whoever runs
+    the plans (an ``InferenceSession``, ``autobatch.batch``'s executor of traced batches), since
+    templates keep the runs their executors prepared; ``make_room`` empties it between plans
+    once it holds ``size`` keys."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.templates: dict[tuple, Template | str | None] = {}
+        self.functions: dict[int, Any] = {}
+
+    def make_room(self) -> None:
+        if len(self.templates) >= self.size:
+            self.templates.clear()
+            self.functions.clear()
+
+
 @dataclass(frozen=True)
 class RowReduction:
     """A ReduceSum or ReduceMean over axis 0 of members of different lengths: each member's run

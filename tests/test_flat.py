@@ -20,8 +20,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from autobatch import Batch, Parameter, TraceError, cell, ops
-from autobatch.batcher import SCHEDULERS, PassResult, flat
-from autobatch.batcher.plan import LITERALS, FlatPlan, Template
+from autobatch.batcher import SCHEDULERS, PassResult
+from autobatch import batch as batch_module
+from autobatch.batch import TRACED_TEMPLATES
+from autobatch.batcher.plan import LITERALS, FlatPlan, Template, TemplateCache
 from autobatch.datasets import Tree
 from autobatch.frontends.cells import CELL_DOMAIN
 from autobatch.frontends.tracing import attributes
@@ -355,7 +357,7 @@ def sequences(lengths, seed):
 def _template_state():
     """Every cached template and its prepared runners, by identity."""
     return {k: (id(t), {b: id(r) for b, r in t.runners.items()})
-            for k, t in flat._templates.items() if isinstance(t, Template)}
+            for k, t in TRACED_TEMPLATES.templates.items() if isinstance(t, Template)}
 
 
 def _plan_templates(batch):
@@ -368,11 +370,11 @@ def test_templates_are_cached_across_batches(backend):
     second, batch2 = batched(rnn, sequences([4, 1, 3, 3], seed=2), backend=backend)
     assert_flat_ran(batch2)
     assert_all_same(second, [rnn_reference(s) for s in sequences([4, 1, 3, 3], seed=2)])
-    size, state = len(flat._templates), _template_state()
+    size, state = len(TRACED_TEMPLATES.templates), _template_state()
     third_data = sequences([5, 2, 2, 6, 1], seed=3)  # other instances, another N, other lengths
     third, batch3 = batched(rnn, third_data, backend=backend)
     assert_flat_ran(batch3)
-    assert len(flat._templates) == size, "a later batch of the same model built a template"
+    assert len(TRACED_TEMPLATES.templates) == size, "a later batch of the same model built a template"
     assert _template_state() == state, "a later batch replaced a template or prepared a runner again"
     live = {id_ for id_, _ in state.values()}
     assert _plan_templates(batch3) <= live and _plan_templates(batch3) == _plan_templates(batch2)
@@ -388,10 +390,10 @@ def test_cached_templates_keep_the_functions_their_keys_name_alive():
     module, trees, params = model("tree_lstm")
     _, batch = batched(lambda batch, t: module.loss_cells(t, params), trees)
     assert_flat_ran(batch)
-    cell_keys = [key for key in flat._templates if key[0] == CELL_DOMAIN]
+    cell_keys = [key for key in TRACED_TEMPLATES.templates if key[0] == CELL_DOMAIN]
     assert cell_keys
     for key in cell_keys:
-        assert id(flat._keyed_functions[key[4]]) == key[4]
+        assert id(TRACED_TEMPLATES.functions[key[4]]) == key[4]
 
 
 def _relabelled(tree: Tree, words: dict[str, str]) -> Tree:
@@ -412,10 +414,10 @@ def test_tree_lstm_templates_are_cached_across_batches(form):
     batched(fn, trees)  # warm
     first, batch = batched(fn, other)
     assert_flat_ran(batch)
-    size, state = len(flat._templates), _template_state()
+    size, state = len(TRACED_TEMPLATES.templates), _template_state()
     again, batch = batched(fn, trees)  # different instances of the same shapes
     assert_flat_ran(batch)
-    assert len(flat._templates) == size and _template_state() == state
+    assert len(TRACED_TEMPLATES.templates) == size and _template_state() == state
     assert_all_same(again, example_alone("tree_lstm", form))
     assert any(not np.allclose(a, b) for a, b in zip(first, again)), "relabelled trees should differ"
 
@@ -705,20 +707,18 @@ def test_rank_0_values_are_arrays_on_both_paths(backend):
 # A cache overflow between signing a class whose rule reads N and planning its step stored the
 # template built for one N under the size-less key; a later batch of another N reused it.
 def test_per_size_template_survives_a_cache_overflow(monkeypatch):
-    monkeypatch.setattr(flat, "TEMPLATE_CACHE_SIZE", 1)  # an overflow on every new template
-    flat._templates.clear()
-    try:
-        def fn(batch, x):  # a class whose rule reads N, then another class
-            return ops.tanh(PICK10(batch.constant(x), batch.constant(2)))
+    # An overflow on every new template (and no template made for the wrong N left to later tests).
+    monkeypatch.setattr(batch_module, "TRACED_TEMPLATES", TemplateCache(size=1))
 
-        data = [_f32(D) for _ in range(6)]
-        for n in (4, 6):
-            got, batch = batched(fn, data[:n])
-            assert_flat_ran(batch)
-            for k, value in enumerate(got):
-                assert_same(value, np.tanh(data[k][2]))
-    finally:
-        flat._templates.clear()  # leave no template made for the wrong N to later tests
+    def fn(batch, x):  # a class whose rule reads N, then another class
+        return ops.tanh(PICK10(batch.constant(x), batch.constant(2)))
+
+    data = [_f32(D) for _ in range(6)]
+    for n in (4, 6):
+        got, batch = batched(fn, data[:n])
+        assert_flat_ran(batch)
+        for k, value in enumerate(got):
+            assert_same(value, np.tanh(data[k][2]))
 
 
 # ----------------------------------------------------------------------------- pruning, discarded values

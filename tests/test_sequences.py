@@ -10,7 +10,7 @@ import pytest
 import autobatch
 from autobatch import Batch, Parameter, TraceError, ops
 from autobatch.backends.flat_executor import OrtTemplate
-from autobatch.batcher import flat
+from autobatch.batch import TRACED_TEMPLATES
 from autobatch.batcher.plan import Template
 from autobatch.batcher.sequences import CHUNK, chunks
 
@@ -213,7 +213,7 @@ def test_lstm_weights_are_baked_and_never_read_stale():
         with Batch(backend="onnxruntime") as batch:
             states = [ops.lstm(batch.constant(x), W, R)[0] for x in inputs]
             values = batch.run(states)
-        templates[:] = [r for t in flat._templates.values() if isinstance(t, Template) and t.sequences
+        templates[:] = [r for t in TRACED_TEMPLATES.templates.values() if isinstance(t, Template) and t.sequences
                         for r in t.runners.values() if isinstance(r, OrtTemplate)]
         return values
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import subprocess
 import sys
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 
 import autobatch
 from autobatch.backends import FeedError
+from autobatch.batcher.plan import Template
 from autobatch.examples.ray_serve import MODEL_TEXT
 
 MODEL = onnx.parser.parse_model(MODEL_TEXT)  # a tiny tagger: x has a length of its own
@@ -177,18 +180,30 @@ def test_onnxruntime_segments_are_cached_across_plans():
     assert session.stats.sessions_created < created or session.stats.cache_hits > 0
 
 
-def test_a_new_mix_of_known_shapes_builds_no_template(backend):
-    from autobatch.batcher import flat
-
-    flat._templates.clear()  # far from the cache's size limit, whatever ran before
+def test_a_sessions_templates_go_with_it(backend):
+    """Templates (and the onnxruntime sessions prepared for them) belong to the session that
+    planned them, not to a module: nothing keeps them once the session is gone."""
     session = autobatch.InferenceSession(MODEL, backend=backend)
     session.run_batch(None, feeds([2, 3]))
-    templates = dict(flat._templates)
+    kept = [weakref.ref(t) for t in session.templates.templates.values() if isinstance(t, Template)]
+    assert kept
+    other = autobatch.InferenceSession(MODEL, backend=backend)
+    other.run_batch(None, feeds([2, 3]))
+    assert not {id(t) for t in other.templates.templates.values()} & {id(ref()) for ref in kept}
+    del session
+    gc.collect()
+    assert [ref for ref in kept if ref() is not None] == []
+
+
+def test_a_new_mix_of_known_shapes_builds_no_template(backend):
+    session = autobatch.InferenceSession(MODEL, backend=backend)
+    session.run_batch(None, feeds([2, 3]))
+    templates = dict(session.templates.templates)
     mix = feeds([3, 2, 3, 3], seed=4)  # a plan of its own, from instance shapes seen before
     got = session.run_batch(None, mix)
     assert not session.stats.plan_cached
-    assert flat._templates.keys() == templates.keys()
-    assert all(flat._templates[k] is templates[k] for k in templates)
+    assert session.templates.templates.keys() == templates.keys()
+    assert all(session.templates.templates[k] is templates[k] for k in templates)
     for instance, outputs in zip(mix, got):
         for alone, value in zip(session.run(None, instance), outputs):
             np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
