@@ -223,10 +223,10 @@ def max_onnxruntime_opset() -> int:
 def session_options(threads: int = 0) -> ort.SessionOptions:
     """Options for our sessions: ``threads`` intra-op threads (0: onnxruntime's choice) that
     spin while a run lasts and stop when it returns. Spinning between a run's ops is what makes
-    a whole model fast (64 texts of the exported BERT one at a time: 47-55 ms spinning against
-    65-71 not; the LSTM tagger 24-30 against 39-50), but threads that went on spinning between
-    runs (onnxruntime's default) would take the cores from the many small sessions of a plan and
-    from a server's request handling."""
+    a whole model fast (64 texts of the exported BERT one at a time, median of 15 rounds: 55 ms
+    spinning against 71 not; the LSTM tagger 30 against 50), but threads that went on spinning
+    between runs (onnxruntime's default) would take the cores from the many small sessions of a
+    plan and from a server's request handling."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
