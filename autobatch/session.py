@@ -176,6 +176,7 @@ class InferenceSession:
         self.batching = BatchingPass(scheduler)
         self.stats: SessionStats | None = None
         self._typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
+        self._aborts: Recent = Recent(SHAPES_KEPT)  # input signature -> ``_might_abort``
         self._constants = SharedConstants()
         self._plans: Recent = Recent(PLANS_KEPT)  # mix of input signatures -> _Plan
         # Control flow is unrolled per instance from its values, so such plans are not reused.
@@ -238,9 +239,9 @@ class InferenceSession:
     def _run_alone(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
         """``run`` of feeds already checked (a batch run alone checked them once)."""
         if self.backend == "onnxruntime":
-            typed = self._typed_graph(feeds) if self._control_flow or self._recurrent else None
-            if typed is None or not self._recurrent or not any(might_abort_onnxruntime(typed, node)
-                                                               for node in typed.nodes.values()):
+            if self._control_flow:
+                self._typed_graph(feeds)  # unrolled within max_unrolled_nodes, or a FeedError
+            if not self._recurrent or not self._might_abort(feeds):
                 return run_session(self._single.session.run, names, feeds)
             if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
                 key = None if self._control_flow else (_input_signature(feeds),)
@@ -440,6 +441,17 @@ class InferenceSession:
         if unknown:
             raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {self.graph.outputs}")
         return names
+
+    def _might_abort(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether onnxruntime could abort on a recurrent layer of this instance
+        (``might_abort_onnxruntime``), once per input signature (typing the graph and walking
+        its nodes for every instance run alone made the exported LSTM tagger 2x slower)."""
+        key = _values_key(feeds) if self._control_flow else _input_signature(feeds)
+        aborts = self._aborts.get(key)
+        if aborts is None:
+            typed = self._typed_graph(feeds)
+            aborts = self._aborts[key] = any(might_abort_onnxruntime(typed, node) for node in typed.nodes.values())
+        return aborts
 
     def _typed_graph(self, feeds: Mapping[str, Any]) -> Graph:
         """The model with its inputs' concrete types and every value's shape inferred, cached
