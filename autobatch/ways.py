@@ -32,16 +32,14 @@ class _Kind:
     seconds: dict[str, float] = field(default_factory=dict)  # way -> seconds an instance, a moving average
     since_probe: int = 0
 
-    @property
-    def measured(self) -> bool:
-        return BATCHED in self.seconds and ALONE in self.seconds
-
 
 @dataclass
 class WayChooser:
     """``choose`` a way for a batch of ``n`` (``kept``: its mix has a plan kept), then ``record``
-    how long it took. A kind not measured both ways yet starts from the nearest measured size of
-    its kind (a server's batch sizes vary), else runs each way a few times first."""
+    how long it took. Each way's time an instance is its own kind's once measured, else the
+    nearest measured size's of its kind (a server's batch sizes vary). Until both ways are
+    measured at some size, ``BATCHED_FIRST`` batches in all run batched, then alone: a server
+    whose first batches are of many sizes pays for its warm-up once, not once a size."""
 
     kinds: dict[tuple[int, bool], _Kind] = field(default_factory=dict)
 
@@ -49,8 +47,9 @@ class WayChooser:
         key = (n.bit_length(), kept)
         kind = self.kinds.setdefault(key, _Kind())
         guide = self._guide(key)
-        if guide is None:  # nothing of this kind measured yet
-            return BATCHED if kind.runs[BATCHED] < BATCHED_FIRST else ALONE
+        if guide is None:  # a way not measured yet at any size of this kind
+            batched = sum(other.runs[BATCHED] for (_, was_kept), other in self.kinds.items() if was_kept == kept)
+            return BATCHED if batched < BATCHED_FIRST else ALONE
         best = _best(guide)
         if kind.since_probe >= _spacing(guide):
             return ALONE if best == BATCHED else BATCHED
@@ -61,34 +60,41 @@ class WayChooser:
         kind = self.kinds.setdefault(key, _Kind())
         guide = self._guide(key)
         probe = guide is not None and way != _best(guide)
+        # The first run of a way (at any size) types new shapes and makes sessions (a kept mix's: its one session).
+        first = not any(other.runs[way] for (_, was_kept), other in self.kinds.items() if was_kept == kept)
         kind.runs[way] += 1
-        if kind.runs[way] > 1:  # the first run of a way types new shapes, makes sessions (a kept mix's: its one session)
+        if not first:
             old = kind.seconds.get(way)
             kind.seconds[way] = seconds / n if old is None else (old + seconds / n) / 2
         kind.since_probe = 0 if probe else kind.since_probe + 1
 
-    def _guide(self, key: tuple[int, bool]) -> _Kind | None:
-        """The kind whose measurements decide for ``key``'s: its own once measured both ways,
-        else the nearest measured size of the same kind."""
-        if self.kinds[key].measured:
-            return self.kinds[key]
-        near = [(abs(bits - key[0]), bits) for (bits, kept), kind in self.kinds.items() if kept == key[1] and kind.measured]
-        return self.kinds[min(near)[1], key[1]] if near else None
+    def _guide(self, key: tuple[int, bool]) -> dict[str, float] | None:
+        """Seconds an instance each way for ``key``'s batches: each way's from its own kind
+        once measured, else from the nearest size of the same kind that measured it; None
+        while a way has been measured at no size."""
+        guide = {}
+        for way in (BATCHED, ALONE):
+            near = [(abs(bits - key[0]), kind.seconds[way]) for (bits, kept), kind in self.kinds.items()
+                    if kept == key[1] and way in kind.seconds]
+            if not near:
+                return None
+            guide[way] = min(near)[1]
+        return guide
 
     def why(self, n: int, kept: bool) -> str:
         """Why a batch of ``n`` runs alone, in words."""
-        guide = self._guide((n.bit_length(), kept)) if (n.bit_length(), kept) in self.kinds else None
+        guide = self._guide((n.bit_length(), kept))
         if guide is None:
             return "alone is being measured"
-        return (f"alone measured {guide.seconds[ALONE] * 1e3:.3f} ms an instance, {'its kept plan' if kept else 'a new mix'} "
-                f"batched {guide.seconds[BATCHED] * 1e3:.3f} ms")
+        return (f"alone measured {guide[ALONE] * 1e3:.3f} ms an instance, {'its kept plan' if kept else 'a new mix'} "
+                f"batched {guide[BATCHED] * 1e3:.3f} ms")
 
 
-def _best(kind: _Kind) -> str:
-    return ALONE if kind.seconds[ALONE] * MARGIN < kind.seconds[BATCHED] else BATCHED
+def _best(guide: dict[str, float]) -> str:
+    return ALONE if guide[ALONE] * MARGIN < guide[BATCHED] else BATCHED
 
 
-def _spacing(kind: _Kind) -> float:
+def _spacing(guide: dict[str, float]) -> float:
     """Batches between tries of the way not taken: more, the slower it was."""
-    batched, alone = kind.seconds[BATCHED], kind.seconds[ALONE]
+    batched, alone = guide[BATCHED], guide[ALONE]
     return PROBE_EVERY * min(MAX_SPACING, max(1.0, max(batched, alone) / min(batched, alone)))

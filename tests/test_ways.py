@@ -51,6 +51,19 @@ def test_kinds_are_measured_apart_and_a_new_size_starts_from_the_nearest_measure
     assert "a new mix batched 4.000 ms" in chooser.why(8, False) and "kept plan" in chooser.why(8, True)
 
 
+def test_the_warm_up_is_paid_once_whatever_the_sizes_of_the_first_batches() -> None:
+    """A server's first batches come in many sizes: BATCHED_FIRST batched batches in all, not
+    that many of every size, before alone is tried; then each size takes what was measured."""
+    chooser = WayChooser()
+    sizes = [3, 9, 40, 17, 64, 5, 33, 12, 50, 7, 20, 60] * 4
+    ways = []
+    for n in sizes:
+        ways.append(chooser.choose(n, False))
+        chooser.record(n, False, ways[-1], {BATCHED: 4e-3, ALONE: 1e-3}[ways[-1]] * n)
+    assert ways[:BATCHED_FIRST + 2] == [BATCHED] * BATCHED_FIRST + [ALONE] * 2, ways
+    assert ways[-len(sizes) // 2:] == [ALONE] * (len(sizes) // 2)
+
+
 def _chain(nodes: int) -> onnx.ModelProto:
     """Many tiny ops over ``x [n]``: planning a new mix of them costs far more than running
     each instance alone."""
