@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 BATCHED, ALONE = "batched", "alone"
-BATCHED_FIRST = 3  # batches run batched before alone is tried (the first of each way is not timed)
+BATCHED_FIRST = 3  # batches (of any sizes of a kind) run batched before alone is tried; the first of each way is not timed
 PROBE_EVERY = 16  # batches between tries of the way not taken, times how much slower it was...
 MAX_SPACING = 8  # ...up to this many times: trying costs at most about a sixteenth of the time
 MARGIN = 1.1  # alone is taken where it is measured this much faster
