@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from autobatch import Batch, InferenceSession
 from autobatch.backends import Interpreter
 from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem, flat, node_signature
+from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE, problem_from
 from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule
 from autobatch.datasets import synthetic_tree
@@ -349,7 +350,7 @@ def test_level_scheduler_nears_the_bound_on_tree_lstms_op_by_op() -> None:
     params = tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=4)
     with Batch() as batch:
         losses = [tree_lstm.loss_primitive(tree, params) for tree in trees]
-        planner = flat._Planner(batch._weights, batch._literals, batch.functions, batch._opsets())
+        planner = flat._Planner(TemplateCache(), batch._weights, batch._literals, batch.functions, batch._opsets())
         records, preds = flat._live(batch._records, [t.producer for t in losses])
         problem = planner.sign(records, preds)
         batch.discard()
