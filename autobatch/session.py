@@ -239,9 +239,9 @@ class InferenceSession:
     def _run_alone(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
         """``run`` of feeds already checked (a batch run alone checked them once)."""
         if self.backend == "onnxruntime":
-            if self._control_flow:
-                self._typed_graph(feeds)  # unrolled within max_unrolled_nodes, or a FeedError
-            if not self._recurrent or not self._might_abort(feeds):
+            # Control flow unrolled within max_unrolled_nodes, or a FeedError.
+            unrolled = self._typed_graph(feeds) if self._control_flow else None
+            if not self._recurrent or not self._might_abort(feeds, unrolled):
                 return run_session(self._single.session.run, names, feeds)
             if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
                 key = None if self._control_flow else (_input_signature(feeds),)
@@ -442,15 +442,17 @@ class InferenceSession:
             raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {self.graph.outputs}")
         return names
 
-    def _might_abort(self, feeds: Mapping[str, Any]) -> bool:
+    def _might_abort(self, feeds: Mapping[str, Any], unrolled: Graph | None) -> bool:
         """Whether onnxruntime could abort on a recurrent layer of this instance
-        (``might_abort_onnxruntime``), once per input signature (typing the graph and walking
-        its nodes for every instance run alone made the exported LSTM tagger 2x slower)."""
-        key = _values_key(feeds) if self._control_flow else _input_signature(feeds)
+        (``might_abort_onnxruntime``): over its ``unrolled`` graph, or once per input signature
+        (typing the graph and walking its nodes for every instance run alone made the exported
+        LSTM tagger 2x slower)."""
+        if unrolled is not None:
+            return _aborts_onnxruntime(unrolled)
+        key = _input_signature(feeds)
         aborts = self._aborts.get(key)
         if aborts is None:
-            typed = self._typed_graph(feeds)
-            aborts = self._aborts[key] = any(might_abort_onnxruntime(typed, node) for node in typed.nodes.values())
+            aborts = self._aborts[key] = _aborts_onnxruntime(self._typed_graph(feeds))
         return aborts
 
     def _typed_graph(self, feeds: Mapping[str, Any]) -> Graph:
@@ -637,6 +639,10 @@ def plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[s
     constant every instance shares."""
     own = f"i{k}/{name}"
     return name if own not in producer and own not in weights and name in weights else own
+
+
+def _aborts_onnxruntime(graph: Graph) -> bool:
+    return any(might_abort_onnxruntime(graph, node) for node in graph.nodes.values())
 
 
 def _input_signature(feeds: Mapping[str, Any]) -> tuple:

@@ -34,7 +34,6 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
@@ -312,7 +311,7 @@ class _Planner:
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
             return RowReduction(record.op_type == "ReduceMean", bool(keepdims))
         if kind == "reshape":
-            return _reshape_template(self.cache.templates, *signature[1:], self.opsets)
+            return _reshape_template(self.cache, *signature[1:], self.opsets)
         specs, baked = self._operand_specs(record)
         if kind == "sequences":
             return self._sequences_template(record, specs, baked)
@@ -774,18 +773,18 @@ def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence
     return [records[i] for i in kept], [[index[p] for p in records[i].preds] for i in kept]
 
 
-def _reshape_template(cache: dict[tuple, Any], elem_type: int, axis: int, row: tuple[int, ...], out: tuple[int, tuple[int, ...]],
-                      opsets: Mapping[str, int]) -> Template:
+def _reshape_template(cache: TemplateCache, elem_type: int, axis: int, row: tuple[int, ...],
+                      out: tuple[int, tuple[int, ...]], opsets: Mapping[str, int]) -> Template:
     """A row reshape (``batcher.ragged``): each of ``R`` rows of ``row`` becomes a row of
     ``out``'s; run as a reshape of the rows (a view) on every backend."""
     key = ("reshape", elem_type, axis, row, out, opsets.get("", 1))
-    template = cache.get(key)
+    template = cache.templates.get(key)
     if template is None:
         graph = Graph("reshape_rows", {"": opsets.get("", 1)})
         graph.add_input("x0", ValueType.tensor(elem_type, ["R", *row]))
         graph.add_initializer("k1", np.array([-1, *out[1]], np.int64))
         graph.add_node("Reshape", ["x0", "k1"], ["y0"])
         graph.add_output("y0")
-        template = cache[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
-                                              length_axis=axis, out_axes=(out[0],))
+        template = cache.templates[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
+                                                   length_axis=axis, out_axes=(out[0],))
     return template  # type: ignore[return-value]

@@ -76,9 +76,9 @@ class TemplateCache:
     """The templates that plans were made of, by key (an op, its attributes, its operands'
     specs), and the cell functions whose ids are part of those keys (kept alive with them: a new
     function given a dead one's id would otherwise find their entries). Owned by whoever runs
-    the plans (an ``InferenceSession``, ``autobatch.batch``'s executor of traced batches), since
-    templates keep the runs their executors prepared; ``make_room`` empties it between plans
-    once it holds ``size`` keys."""
+    the plans (each ``InferenceSession``; ``autobatch.batch.TRACED_TEMPLATES`` for traced
+    batches), since templates keep the runs their executors prepared; ``make_room`` empties it
+    between plans once it holds ``size`` keys."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
