@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,8 @@ from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_executor import OrtExecutor
-from autobatch.backends.ort_runtime import SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
+from autobatch.backends.ort_runtime import CPU, SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
+from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchingPass, BatchReport, PassResult
 from autobatch.batcher.flat import plan_records
@@ -66,6 +68,7 @@ class SessionStats:
     whole_plan: bool = False  # the plan ran as one onnxruntime session (``backends.whole_plan``)
     alone: int = 0  # instances run each alone, as measured faster than batching them (``autobatch.ways``)
     why_alone: str = ""
+    at_once: int = 1  # instances run alone at once, each on its thread (``backends.parallel_runs``)
 
     @property
     def copies_avoided(self) -> int:
@@ -74,7 +77,8 @@ class SessionStats:
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
         if self.report is None:
-            return f"{self.instances} instances, each run alone ({self.why_alone}); {timing}"
+            at_once = f", {self.at_once} at once" if self.at_once > 1 else ""
+            return f"{self.instances} instances, each run alone{at_once} ({self.why_alone}); {timing}"
         cached = " (cached plan" + (", one onnxruntime session)" if self.whole_plan else ")") if self.plan_cached else ""
         return (f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed, "
                 f"{self.sessions_created} sessions created, {self.cache_hits} cache hits; {timing}")
@@ -182,9 +186,13 @@ class InferenceSession:
         # Control flow is unrolled per instance from its values, so such plans are not reused.
         self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
         self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
+        self._parallel: ParallelRuns | None = None  # onnxruntime's CPU: a batch run alone, several at once
         if backend == "onnxruntime":
             self.cache = SessionCache(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
+            callers = threads or os.cpu_count() or 1
+            if self.cache.providers[0] == CPU and callers > 1:
+                self._parallel = ParallelRuns(self.graph, self.cache.providers, callers)
         self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
         # Batches take the flat path (but on CUDA: ``flat_executor``); plans are kept per mix of
         # input signatures, but not with control flow, where each instance unrolls by its values.
@@ -239,9 +247,7 @@ class InferenceSession:
     def _run_alone(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
         """``run`` of feeds already checked (a batch run alone checked them once)."""
         if self.backend == "onnxruntime":
-            # Control flow unrolled within max_unrolled_nodes, or a FeedError.
-            unrolled = self._typed_graph(feeds) if self._control_flow else None
-            if not self._recurrent or not self._might_abort(feeds, unrolled):
+            if self._whole_model_runs(feeds):
                 return run_session(self._single.session.run, names, feeds)
             if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
                 key = None if self._control_flow else (_input_signature(feeds),)
@@ -251,6 +257,25 @@ class InferenceSession:
                 return self._interpreter.run(feeds, names)
         except WorkLimit as error:
             raise FeedError(str(error)) from None
+
+    def _whole_model_runs(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether onnxruntime's session of the whole model runs this instance alone: not where
+        it might abort on a recurrent layer. Control flow is unrolled within
+        ``max_unrolled_nodes`` first (or a FeedError), to know."""
+        unrolled = self._typed_graph(feeds) if self._control_flow else None
+        return not self._recurrent or not self._might_abort(feeds, unrolled)
+
+    def _run_each_alone(self, names: list[str], checked: list[dict[str, Any]]) -> tuple[list[list[Any]], int]:
+        """Each instance alone, and how many ran at once. On onnxruntime's CPU, a batch with an
+        instance for each of the ``threads`` runs those that the whole model's session runs
+        several at once, one per thread (``backends.parallel_runs``: 1.1x-1.4x one at a time on
+        all threads)."""
+        if self._parallel is None or len(checked) < self._parallel.callers:
+            return [self._run_alone(names, feeds) for feeds in checked], 1
+        whole = [k for k, feeds in enumerate(checked) if self._whole_model_runs(feeds)]
+        results = dict(zip(whole, self._parallel.run(names, [checked[k] for k in whole])))
+        return [results[k] if k in results else self._run_alone(names, feeds)
+                for k, feeds in enumerate(checked)], self._parallel.callers
 
     def run_batch(self, output_names: Sequence[str] | None,
                   feeds_list: Sequence[Mapping[str, Any]]) -> list[list[np.ndarray]]:
@@ -273,8 +298,9 @@ class InferenceSession:
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         begin = time.perf_counter()
         if way == ALONE:
-            results = [self._run_alone(names, feeds) for feeds in checked]
-            self.stats = SessionStats(len(checked), None, alone=len(checked), seconds={"alone": time.perf_counter() - begin},
+            results, at_once = self._run_each_alone(names, checked)
+            self.stats = SessionStats(len(checked), None, alone=len(checked), at_once=at_once,
+                                      seconds={"alone": time.perf_counter() - begin},
                                       why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
         else:
             results = self._run_batched(names, checked, key, seconds, start)
