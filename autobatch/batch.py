@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.batcher import BatchingPass, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import NotFlat, TemplateCache
@@ -19,6 +20,8 @@ from autobatch.session import flat_executor, make_runner_factory
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.
 TRACED_TEMPLATES = TemplateCache()
+# ... and the weights their templates may bake: a weight one minibatch baked, the next reads baked.
+TRACED_SNAPSHOTS = WeightSnapshots()
 
 
 class Batch(Tracer):
@@ -44,7 +47,7 @@ class Batch(Tracer):
         self.backend = backend
         self.scheduler = scheduler
         self._make_runner = make_runner_factory(backend, threads, providers)
-        self._flat = flat_executor(backend, threads, providers) if flat else None
+        self._flat = flat_executor(backend, threads, providers, snapshots=TRACED_SNAPSHOTS) if flat else None
         self.reports: list[Any] = []  # one BatchReport for every time the batch ran
         self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
 

@@ -196,8 +196,9 @@ class InferenceSession:
         self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
         # Batches take the flat path (but on CUDA: ``flat_executor``); plans are kept per mix of
         # input signatures, but not with control flow, where each instance unrolls by its values.
-        self._flat = flat_executor(backend, threads, providers) if flat else None
         self.templates = TemplateCache()  # its plans' templates, with the runs prepared for them
+        self.weight_snapshots = WeightSnapshots()  # its weights that templates may bake (``backends.baked_weights``)
+        self._flat = flat_executor(backend, threads, providers, snapshots=self.weight_snapshots) if flat else None
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
@@ -559,15 +560,12 @@ def make_runner_factory(backend: str, threads: int = 0,
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
-# Every onnxruntime flat executor of this process checks weights against these snapshots: a
-# weight one batch baked is one the next can read baked.
-WEIGHT_SNAPSHOTS = WeightSnapshots()
-
-
-def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | None = None) -> FlatExecutor | None:
-    """What runs flat plans of traced batches on ``backend``, or None on CUDA: there the
-    general path's batched graph keeps values on the device between launches, where a flat
-    plan's arenas are host memory."""
+def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | None = None, *,
+                  snapshots: WeightSnapshots) -> FlatExecutor | None:
+    """What runs flat plans on ``backend``, or None on CUDA: there the general path's batched
+    graph keeps values on the device between launches, where a flat plan's arenas are host
+    memory. On onnxruntime its templates bake the weights that ``snapshots`` (the caller's:
+    a session's own, or the one traced batches share) know to be stable."""
     if backend == "numpy":
         # One padded call a layer: the NumPy layers skip finished sequences' rows, and their
         # cost is a Python step per time step (``backends/kernels/rnn.py``).
@@ -577,7 +575,7 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
         if cache.on_cuda:
             return None
         return FlatExecutor(lambda template: onnxruntime_template(template, cache), (backend, threads, cache.providers),
-                            WEIGHT_SNAPSHOTS)
+                            snapshots)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from autobatch import Batch, Parameter, cell, ops
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, WeightSnapshots, is_frozen
-from autobatch.session import WEIGHT_SNAPSHOTS
+from autobatch.batch import TRACED_SNAPSHOTS
 
 STEPS, WIDTH, HIDDEN = 4, 128, 256  # W and U: 128 KiB each, above BAKE_MIN_BYTES
 RTOL, ATOL = 1e-5, 1e-5
@@ -81,7 +81,7 @@ def test_stable_weights_are_baked_from_the_second_run_on(cells):
     assert_current(sequences, values, W, U)
     # U is launched once a step, so it was met: its snapshot taken, fed this run. (Op by op, every
     # x W runs in one launch, the first: W is a candidate only inside the cell.)
-    assert U.array in WEIGHT_SNAPSHOTS and (W.array in WEIGHT_SNAPSHOTS) == cells
+    assert U.array in TRACED_SNAPSHOTS and (W.array in TRACED_SNAPSHOTS) == cells
     for _ in range(2):
         values, batch = run_batched(sequences, W, U, cells)
         assert_current(sequences, values, W, U)
@@ -118,7 +118,7 @@ def test_a_weight_launched_once_a_run_is_never_snapshot():
     for _ in range(2):
         values, _ = run_batched(sequences, W, U, cells=True)
         assert_current(sequences, values, W, U)
-    assert W.array not in WEIGHT_SNAPSHOTS
+    assert W.array not in TRACED_SNAPSHOTS
 
 
 def test_frozen_weights_launched_once_a_run_are_baked_without_a_copy():
@@ -128,7 +128,7 @@ def test_frozen_weights_launched_once_a_run_are_baked_without_a_copy():
         values, batch = run_batched(sequences, W, U, cells=True)
         assert_current(sequences, values, W, U)
     assert baked_sessions(batch) >= 1
-    assert WEIGHT_SNAPSHOTS.stable(W.array).copy is W.array  # its own snapshot: nothing can change it
+    assert TRACED_SNAPSHOTS.stable(W.array).copy is W.array  # its own snapshot: nothing can change it
 
 
 def test_freezing_a_parameter_makes_its_values_read_only():
@@ -160,7 +160,7 @@ def test_small_weights_are_never_snapshot():
         for _ in range(3):
             h = ops.tanh(ops.matmul(h + 1.0, W))
         batch.run([h])
-    assert W.array not in WEIGHT_SNAPSHOTS
+    assert W.array not in TRACED_SNAPSHOTS
 
 
 def test_snapshots_compare_bits():
@@ -208,3 +208,44 @@ def test_batches_in_threads_share_baked_weights_and_stay_right():
     with ThreadPoolExecutor(4) as pool:
         for future in [pool.submit(work, k) for k in range(4)]:
             future.result()
+
+
+def _lstm_model(hidden: int) -> Any:
+    """An ONNX LSTM over ``x [L, 1, 16]`` whose recurrent weight is big enough to bake."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    weights = {"W": (1, 4 * hidden, 16), "R": (1, 4 * hidden, hidden)}
+    initializers = [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+                    for name, shape in weights.items()]
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=hidden)
+    graph = helper.make_graph([node], "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["L", 1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["L", 1, 1, hidden])], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_sessions_weight_snapshots_are_its_own_and_go_with_it():
+    """A session's weights are snapshot (and baked) by the session, not by a module: traced
+    batches' snapshots do not see them, and nothing keeps them once the session is gone."""
+    import gc
+    import weakref
+
+    from autobatch import InferenceSession
+
+    model = _lstm_model(hidden=64)
+    rng = np.random.default_rng(10)
+    instances = [{"x": rng.standard_normal((int(n), 1, 16)).astype(np.float32)} for n in rng.integers(2, 12, 16)]
+    traced = len(TRACED_SNAPSHOTS)
+    session = InferenceSession(model, backend="onnxruntime", alone_when_faster=False)
+    for _ in range(2):
+        got = session.run_batch(None, instances)
+    for feeds, outputs in zip(instances, got):
+        np.testing.assert_allclose(outputs[0], session.run(None, feeds)[0], rtol=RTOL, atol=ATOL)
+    assert len(session.weight_snapshots) >= 1 and len(TRACED_SNAPSHOTS) == traced
+    other = InferenceSession(model, backend="onnxruntime", alone_when_faster=False)
+    other.run_batch(None, instances)
+    assert other.weight_snapshots is not session.weight_snapshots and len(other.weight_snapshots) >= 1
+    kept = weakref.ref(session.weight_snapshots)
+    del session
+    gc.collect()
+    assert kept() is None
