@@ -166,7 +166,9 @@ class InferenceSession:
         mixes of input shapes whose plan, once used again, runs as one session
         (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step).
         ``alone_when_faster``: a batch may run each instance alone where that was measured
-        faster than batching batches of its kind (``autobatch.ways``); False: always batched."""
+        faster than batching batches of its kind (``autobatch.ways``); False: always batched.
+        On onnxruntime's CPU such a batch runs ``threads`` instances at once (0: one for each
+        core this process may use), each on one thread (``backends.parallel_runs``)."""
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -190,7 +192,7 @@ class InferenceSession:
         if backend == "onnxruntime":
             self.cache = SessionCache(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
-            callers = threads or os.cpu_count() or 1
+            callers = threads or _usable_cores()
             if self.cache.providers[0] == CPU and callers > 1:
                 self._parallel = ParallelRuns(self.graph, self.cache.providers, callers)
         self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
@@ -577,6 +579,12 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
         return FlatExecutor(lambda template: onnxruntime_template(template, cache), (backend, threads, cache.providers),
                             snapshots)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the system says; a container's
+    may be fewer than the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class _NodeBudget:
