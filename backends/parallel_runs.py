@@ -46,13 +46,14 @@ class ParallelRuns:
         results: list[Any] = [None] * len(feeds_list)
         errors: dict[int, BaseException] = {}
         taken = iter(range(len(feeds_list)))
+        stopped: list[bool] = []  # the caller left (an error, an interrupt): take no more
         lock = threading.Lock()
         seconds = remaining()
         at = None if seconds is None else time.monotonic() + seconds
 
         def work() -> None:
             with deadline(None if at is None else at - time.monotonic()):
-                while not errors:
+                while not errors and not stopped:
                     with lock:
                         k = next(taken, None)
                     if k is None:
@@ -63,9 +64,12 @@ class ParallelRuns:
                         errors[k] = error
 
         helpers = [self._pool.submit(work) for _ in range(min(self.callers, len(feeds_list)) - 1)]
-        work()
-        for helper in helpers:
-            helper.result()
+        try:
+            work()
+        finally:
+            stopped.append(True)
+            for helper in helpers:  # each ends with the run it is in
+                helper.result()
         if errors:
             raise errors[min(errors)]
         return results
