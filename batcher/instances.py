@@ -28,7 +28,11 @@ class InstanceRecords:
     own: set[str]  # the instance's own values (renamed per instance)
     producer: dict[str, int]
     weights: dict[str, np.ndarray]
-    named: dict[str, str] = field(default_factory=dict)  # a constant's name by its value (``_own_name``), once worked out
+    named: dict[str, str] = field(default_factory=dict)  # a constant's name by its value (``own_name``), once worked out
+    # A constant's record key without its name (``_constant_key``: dtype, shape, digest; () for a
+    # large one), once worked out: hashing BERT's position-embedding slices of up to 15,000
+    # elements again for every instance of every mix cost about an eighth of its ``mix_records``.
+    tails: dict[str, tuple] = field(default_factory=dict)
 
     def own_name(self, instance: int, name: str) -> str:
         """An own constant named by its value where small (instances with the same value share
@@ -36,11 +40,24 @@ class InstanceRecords:
         instance is in its mix), else by its instance."""
         named = self.named.get(name)
         if named is None:
-            key = _constant_key(name, self.weights[name])  # (name, dtype, shape, digest of the bytes)
-            value = hashlib.blake2b(repr(key[1:3]).encode() + key[3], digest_size=16).hexdigest() \
-                if isinstance(key, tuple) else ""
+            tail = self._tail(name)
+            value = hashlib.blake2b(repr(tail[:2]).encode() + tail[2], digest_size=16).hexdigest() if tail else ""
             named = self.named[name] = f"{name}#{value}" if value else ""
         return named or f"i{instance}/{name}"
+
+    def signed(self, entries: tuple, signed: tuple, names: Mapping[str, str]) -> tuple:
+        """A record's ``signed`` entries (its key's, in this instance's names) with those that
+        read the instance's own constants under their ``names`` in a mix, as ``_signed`` would
+        sign them there."""
+        return tuple(_renamed_key(names[entry], self._tail(entry)) if type(entry) is str and entry in names else key
+                     for entry, key in zip(entries, signed))
+
+    def _tail(self, name: str) -> tuple:
+        tail = self.tails.get(name)
+        if tail is None:
+            key = _constant_key(name, self.weights[name])
+            tail = self.tails[name] = key[1:] if isinstance(key, tuple) else ()
+        return tail
 
 
 def instance_records(graph: Graph) -> InstanceRecords:
@@ -85,8 +102,8 @@ def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[s
         for r in piece.records:
             entries, key = r.entries, r.key
             if own and any(type(entry) is str and entry in names for entry in entries):
+                key = (*key[:3], piece.signed(entries, key[3], names), *key[4:])
                 entries = tuple(rename(entry, entry) if type(entry) is str else entry for entry in entries)
-                key = (*key[:3], _signed(entries, weights), *key[4:])
             records.append(Record(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
                                   r.attributes, r.types, entries, key, [p + offset for p in r.preds], k,
                                   tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)))
@@ -109,6 +126,10 @@ def _signed(entries: tuple, weights: Mapping[str, np.ndarray]) -> tuple:
     ``FOLD_LIMIT`` elements) by its value too."""
     return tuple(_constant_key(entry, weights[entry]) if type(entry) is str and entry in weights else entry
                  for entry in entries)
+
+
+def _renamed_key(name: str, tail: tuple) -> Hashable:
+    return (name, *tail) if tail else name
 
 
 def _constant_key(name: str, array: np.ndarray) -> Hashable:

@@ -76,6 +76,37 @@ def test_graphs_typed_for_different_shapes_share_their_equal_constants():
     assert first is second
 
 
+def test_a_mix_signs_each_instances_own_constants_as_its_weights_would(backend):
+    """Position ids folded per length are each instance's own constants: a mix's record keys
+    name them by value (equal lengths share them) and sign them as ``_signed`` signs entries
+    over the mix's weights (``InstanceRecords.signed`` works it out once per constant)."""
+    from autobatch.backends.interpreter import check_feeds
+    from autobatch.batcher.instances import _signed, mix_records
+
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+        s = Shape <start = 0, end = 1> (x)
+        n = Squeeze(s)
+        zero = Constant <value = int64 {0}> ()
+        one = Constant <value = int64 {1}> ()
+        ids = Range(zero, n, one)
+        f = Cast <to = 1> (ids)
+        axes = Constant <value = int64[1] {1}> ()
+        col = Unsqueeze(f, axes)
+        y = Add(x, col)
+    }""")
+    session = autobatch.InferenceSession(model, backend=backend)
+    instances = [{"x": np.full((n, 4), n, np.float32)} for n in (2, 3, 2, 5)]
+    for _ in range(2):  # the second mix reads what the first worked out
+        records, _, weights = mix_records([session._records_of(check_feeds(session.graph, f)) for f in instances])
+        own = [r for r in records if any(type(e) is str and "#" in e for e in r.entries)]
+        assert len(own) == len(instances)
+        assert all(r.key[3] == _signed(r.entries, weights) for r in records)
+        assert own[0].entries == own[2].entries != own[1].entries  # lengths 2 and 2 share theirs
+    for instance, outputs in zip(instances, session.run_batch(None, instances), strict=True):
+        np.testing.assert_array_equal(outputs[0], instance["x"] + np.arange(len(instance["x"]), dtype=np.float32)[:, None])
+
+
 def test_caches_keep_only_the_most_recent_shapes_and_mixes(backend, monkeypatch):
     """A server meets ever new shapes: what a session keeps per shape and per mix is bounded,
     and a shape or mix forgotten is planned again, with the same results."""
