@@ -6,7 +6,8 @@ onnxruntime already runs well alone, may not win back, and a plan kept for a mix
 may still lose to onnxruntime alone (see benchmarks/README.md). A user must never get a slower
 model than onnxruntime alone for using a batcher, so a session times the two ways on the batches
 it runs and takes the faster, and tries the other way again every ``PROBE_EVERY`` batches or
-more (more, the slower it was), as loads change. Batches are compared with those of their kind: of the
+more (more, the slower it was), as loads change. A way's time is the median of its last
+``RECENT`` runs, so that one slow run (a collection, a noisy host) does not turn the choice. Batches are compared with those of their kind: of the
 same power of two of instances (a batch of 64 gains more from batching than one of 2), and of a
 new mix or one with a plan kept; a size not measured yet starts from the nearest one measured.
 Both ways give each instance's own results, so the choice changes speed only; each instance run
@@ -14,7 +15,8 @@ alone by it is counted (``SessionStats.alone``)."""
 
 from __future__ import annotations
 
-from collections import Counter
+import statistics
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 BATCHED, ALONE = "batched", "alone"
@@ -22,6 +24,7 @@ BATCHED_FIRST = 3  # batches (of any sizes of a kind) run batched before alone i
 PROBE_EVERY = 16  # batches between tries of the way not taken, times how much slower it was...
 MAX_SPACING = 8  # ...up to this many times: trying costs at most about a sixteenth of the time
 MARGIN = 1.1  # alone is taken where it is measured this much faster
+RECENT = 5  # the runs of a way whose median is its time: one slow run (a pause, a noisy host) does not turn the choice
 
 
 @dataclass
@@ -29,8 +32,11 @@ class _Kind:
     """What was measured of batches of one kind."""
 
     runs: Counter[str] = field(default_factory=Counter)
-    seconds: dict[str, float] = field(default_factory=dict)  # way -> seconds an instance, a moving average
+    recent: dict[str, deque[float]] = field(default_factory=dict)  # way -> its last RECENT seconds an instance
     since_probe: int = 0
+
+    def seconds(self, way: str) -> float:
+        return statistics.median(self.recent[way])
 
 
 @dataclass
@@ -64,8 +70,7 @@ class WayChooser:
         first = not any(other.runs[way] for (_, was_kept), other in self.kinds.items() if was_kept == kept)
         kind.runs[way] += 1
         if not first:
-            old = kind.seconds.get(way)
-            kind.seconds[way] = seconds / n if old is None else (old + seconds / n) / 2
+            kind.recent.setdefault(way, deque(maxlen=RECENT)).append(seconds / n)
         kind.since_probe = 0 if probe else kind.since_probe + 1
 
     def _guide(self, key: tuple[int, bool]) -> dict[str, float] | None:
@@ -74,8 +79,8 @@ class WayChooser:
         while a way has been measured at no size."""
         guide = {}
         for way in (BATCHED, ALONE):
-            near = [(abs(bits - key[0]), kind.seconds[way]) for (bits, kept), kind in self.kinds.items()
-                    if kept == key[1] and way in kind.seconds]
+            near = [(abs(bits - key[0]), kind.seconds(way)) for (bits, kept), kind in self.kinds.items()
+                    if kept == key[1] and way in kind.recent]
             if not near:
                 return None
             guide[way] = min(near)[1]

@@ -38,6 +38,18 @@ def test_batched_stays_where_it_is_faster_and_alone_is_tried_again_every_probe()
     assert len(probes) >= 3 and all(b - a == math.ceil(PROBE_EVERY * 1.05) + 1 for a, b in zip(probes, probes[1:])), ways
 
 
+def test_one_slow_run_does_not_turn_the_choice() -> None:
+    """A way's time is the median of its last runs: a batch slowed tenfold once (a collection,
+    a noisy host) leaves batched where it is faster; a way that stays slower turns it."""
+    chooser = WayChooser()
+    ways = _runs(chooser, 8, {BATCHED: 1e-3, ALONE: 2e-3}, 20)
+    assert ways[-1] == BATCHED
+    chooser.record(8, False, BATCHED, 10e-3 * 8)
+    assert chooser.choose(8, False) == BATCHED
+    ways = _runs(chooser, 8, {BATCHED: 10e-3, ALONE: 2e-3}, 6)
+    assert ways[-1] == ALONE, ways
+
+
 def test_kinds_are_measured_apart_and_a_new_size_starts_from_the_nearest_measured_one() -> None:
     chooser = WayChooser()
     _runs(chooser, 8, {BATCHED: 4e-3, ALONE: 1e-3}, 20)
