@@ -140,5 +140,13 @@ def _constant_key(name: str, array: np.ndarray) -> Hashable:
 
 
 def alike(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same array, or equal ones of one dtype and shape (NaNs equal)."""
-    return a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    """The same array, or ones of one dtype and shape equal bit for bit where they are
+    floating: a constant 0.0 of one instance is not the -0.0 of another (``1 / c`` tells them
+    apart), nor is one NaN another's."""
+    if a is b:
+        return True
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))
+    return bool(np.array_equal(a, b))

@@ -107,6 +107,27 @@ def test_a_mix_signs_each_instances_own_constants_as_its_weights_would(backend):
         np.testing.assert_array_equal(outputs[0], instance["x"] + np.arange(len(instance["x"]), dtype=np.float32)[:, None])
 
 
+def test_a_constant_of_zero_is_not_shared_with_another_instances_minus_zero(backend):
+    """A constant folded from the shape is +0.0 for length 2 and -0.0 for length 5: equal as
+    numbers, not as constants (``x + c`` of x = -0.0 keeps c's sign). Sharing instance 0's
+    constant with the others gave the length-5 instance +0.0."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+        s = Shape <start = 0, end = 1> (x)
+        three = Constant <value = int64[1] {3}> ()
+        d = Sub(s, three)
+        f = Cast <to = 1> (d)
+        z = Constant <value = float {-0.0}> ()
+        c = Mul(f, z)
+        y = Add(x, c)
+    }""")
+    session = autobatch.InferenceSession(model, backend=backend)
+    instances = [{"x": np.full((n, 4), -0.0, np.float32)} for n in (2, 5, 2, 5)]
+    for instance, outputs in zip(instances, session.run_batch(None, instances), strict=True):
+        np.testing.assert_array_equal(np.signbit(outputs[0]), np.signbit(session.run(None, instance)[0]))
+        assert np.signbit(outputs[0]).all() == (len(instance["x"]) == 5)
+
+
 def test_caches_keep_only_the_most_recent_shapes_and_mixes(backend, monkeypatch):
     """A server meets ever new shapes: what a session keeps per shape and per mix is bounded,
     and a shape or mix forgotten is planned again, with the same results."""
