@@ -167,8 +167,9 @@ class InferenceSession:
         (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step).
         ``alone_when_faster``: a batch may run each instance alone where that was measured
         faster than batching batches of its kind (``autobatch.ways``); False: always batched.
-        On onnxruntime's CPU such a batch runs ``threads`` instances at once (0: one for each
-        core this process may use), each on one thread (``backends.parallel_runs``)."""
+        On onnxruntime's CPU such a batch, of at least ``threads`` instances (0: as many as the
+        cores this process may use; 1: never), runs that many at once, each on one thread
+        (``backends.parallel_runs``), on a second copy of the model made when first needed."""
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -193,7 +194,7 @@ class InferenceSession:
             self.cache = SessionCache(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
             callers = threads or _usable_cores()
-            if self.cache.providers[0] == CPU and callers > 1:
+            if self.cache.providers[0] == CPU and callers > 1 and alone_when_faster:
                 self._parallel = ParallelRuns(self.graph, self.cache.providers, callers)
         self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
         # Batches take the flat path (but on CUDA: ``flat_executor``); plans are kept per mix of
@@ -268,17 +269,25 @@ class InferenceSession:
         unrolled = self._typed_graph(feeds) if self._control_flow else None
         return not self._recurrent or not self._might_abort(feeds, unrolled)
 
-    def _run_each_alone(self, names: list[str], checked: list[dict[str, Any]]) -> tuple[list[list[Any]], int]:
-        """Each instance alone, and how many ran at once. On onnxruntime's CPU, a batch with an
-        instance for each of the ``threads`` runs those that the whole model's session runs
-        several at once, one per thread (``backends.parallel_runs``: 1.1x-1.4x one at a time on
-        all threads)."""
+    def _at_once(self, checked: list[dict[str, Any]]) -> list[int] | None:
+        """The instances of a batch run alone that run several at once, one per thread: on
+        onnxruntime's CPU, those that the whole model's session runs, where there is one for
+        each of the ``threads`` (``backends.parallel_runs``); None: each in turn. Its one-thread
+        session is made here, before the batch is timed, not inside the time of the way."""
         if self._parallel is None or len(checked) < self._parallel.callers:
-            return [self._run_alone(names, feeds) for feeds in checked], 1
+            return None
         whole = [k for k, feeds in enumerate(checked) if self._whole_model_runs(feeds)]
-        results = dict(zip(whole, self._parallel.run(names, [checked[k] for k in whole])))
-        return [results[k] if k in results else self._run_alone(names, feeds)
-                for k, feeds in enumerate(checked)], self._parallel.callers
+        if len(whole) < self._parallel.callers:
+            return None
+        self._parallel.prepare()
+        return whole
+
+    def _run_each_alone(self, names: list[str], checked: list[dict[str, Any]],
+                        at_once: list[int] | None) -> list[list[Any]]:
+        if at_once is None:
+            return [self._run_alone(names, feeds) for feeds in checked]
+        results = dict(zip(at_once, self._parallel.run(names, [checked[k] for k in at_once])))  # type: ignore[union-attr]
+        return [results[k] if k in results else self._run_alone(names, feeds) for k, feeds in enumerate(checked)]
 
     def run_batch(self, output_names: Sequence[str] | None,
                   feeds_list: Sequence[Mapping[str, Any]]) -> list[list[np.ndarray]]:
@@ -299,10 +308,12 @@ class InferenceSession:
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
         kept = key is not None and key in (self._flat_plans if self._flat is not None else self._plans)
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
+        at_once = self._at_once(checked) if way == ALONE else None
         begin = time.perf_counter()
         if way == ALONE:
-            results, at_once = self._run_each_alone(names, checked)
-            self.stats = SessionStats(len(checked), None, alone=len(checked), at_once=at_once,
+            results = self._run_each_alone(names, checked, at_once)
+            self.stats = SessionStats(len(checked), None, alone=len(checked),
+                                      at_once=1 if at_once is None else self._parallel.callers,  # type: ignore[union-attr]
                                       seconds={"alone": time.perf_counter() - begin},
                                       why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
         else:

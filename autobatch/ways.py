@@ -7,9 +7,11 @@ may still lose to onnxruntime alone (see benchmarks/README.md). A user must neve
 model than onnxruntime alone for using a batcher, so a session times the two ways on the batches
 it runs and takes the faster, and tries the other way again every ``PROBE_EVERY`` batches or
 more (more, the slower it was), as loads change. A way's time is the median of its last
-``RECENT`` runs, so that one slow run (a collection, a noisy host) does not turn the choice. Batches are compared with those of their kind: of the
-same power of two of instances (a batch of 64 gains more from batching than one of 2), and of a
-new mix or one with a plan kept; a size not measured yet starts from the nearest one measured.
+``RECENT`` runs, so that one slow run (a collection, a noisy host) does not turn the choice;
+a way that really got faster or slower turns it after three tries of it. Batches are compared
+with those of their kind: of the same power of two of instances (a batch of 64 gains more from
+batching than one of 2), and of a new mix or one with a plan kept; a size not measured yet
+starts from the nearest one measured.
 Both ways give each instance's own results, so the choice changes speed only; each instance run
 alone by it is counted (``SessionStats.alone``)."""
 

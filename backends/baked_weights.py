@@ -53,7 +53,8 @@ class Snapshot:
 
 class WeightSnapshots:
     """The snapshots of the weights that template runs may bake, shared by every run (and
-    thread) of one process's onnxruntime flat executors."""
+    thread) of their owner's onnxruntime flat executor: an ``InferenceSession``'s own, or
+    ``autobatch.batch.TRACED_SNAPSHOTS`` for traced batches. ``budget`` holds per owner."""
 
     def __init__(self, budget: int = SNAPSHOT_BYTES) -> None:
         self.budget = budget

@@ -4,6 +4,7 @@ and the caller's deadline on every thread."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -16,24 +17,31 @@ from autobatch.backends.ort_runtime import CPU
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.ir import from_onnx
 from autobatch.ir.limits import DeadlineExceeded, deadline
-from autobatch.ways import BATCHED_FIRST
+from autobatch.ways import ALONE, BATCHED_FIRST
 
-ATTENTION = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
-    g (float[L, 8] x) => (float[L, 8] y, float[8] pooled) <float[8, 8] w = {0.1, -0.2, 0.3, 0.05, -0.1, 0.2, 0.15, -0.3,
-        0.2, 0.1, -0.1, 0.3, 0.05, -0.2, 0.1, 0.25, -0.3, 0.2, 0.1, -0.05, 0.3, 0.1, -0.2, 0.15,
-        0.1, 0.3, -0.2, 0.1, 0.2, -0.1, 0.05, 0.3, 0.25, -0.1, 0.2, 0.3, -0.3, 0.1, 0.2, -0.2,
-        0.3, 0.2, 0.1, -0.1, 0.05, 0.3, -0.2, 0.1, -0.2, 0.1, 0.3, 0.2, 0.1, -0.3, 0.25, 0.05,
-        0.05, -0.3, 0.2, 0.1, 0.3, 0.2, -0.1, 0.2}> {
-        q = MatMul(x, w)
-        x_t = Transpose <perm = [1, 0]> (x)
-        scores = MatMul(q, x_t)
-        weights = Softmax <axis = -1> (scores)
-        y = MatMul(weights, x)
-        pooled = ReduceMean <axes = [0], keepdims = 0> (y)
+def _projection() -> onnx.ModelProto:
+    """``x [L, 256]`` by a ``[256, 512]`` weight, then sums: big enough that onnxruntime splits
+    its products across threads, so a result that depended on the thread count would show."""
+    rng = np.random.default_rng(5)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"]),
+         onnx.helper.make_node("Softmax", ["y"], ["p"], axis=-1),
+         onnx.helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0)], "projection",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["L", 256])],
+        [onnx.helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, ["L", 512]),
+         onnx.helper.make_tensor_value_info("total", onnx.TensorProto.FLOAT, [])], [w])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+
+
+FAILING_LATE = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (int64 m, float[2] x, int64[R] shape) => (float[A, B] y) {
+        h = Loop(m, , x) <body = step (int64 i, bool c, float[2] h) => (bool c_out, float[2] h2) {
+            c_out = Identity(c)
+            h2 = Add(h, h)
+        }>
+        y = Reshape(h, shape)
     }""")
-
-RESHAPE = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
-    g (float[N] x, int64[R] shape) => (float[A, B] y) { y = Reshape(x, shape) }""")
 
 LOOP = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
     g (int64 m, float[2] x) => (float[2] y) {
@@ -44,33 +52,59 @@ LOOP = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
     }""")
 
 
-def _texts(rng: np.random.Generator, n: int) -> list[dict[str, np.ndarray]]:
-    return [{"x": rng.standard_normal((int(length), 8)).astype(np.float32)} for length in rng.integers(1, 40, n)]
-
-
 def test_instances_run_at_once_give_each_instances_own_results_bitwise() -> None:
-    runs = ParallelRuns(from_onnx(ATTENTION), [CPU], callers=3)
-    alone = ort.InferenceSession(ATTENTION.SerializeToString(), providers=[CPU])
+    model = _projection()
+    runs = ParallelRuns(from_onnx(model), [CPU], callers=3)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    alone = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU])
     rng = np.random.default_rng(0)
     for n in (11, 2, 1):  # more instances than callers, fewer, one
-        texts = _texts(rng, n)
-        got = runs.run(["y", "pooled"], texts)
+        texts = [{"x": rng.standard_normal((int(length), 256)).astype(np.float32)} for length in rng.integers(1, 300, n)]
+        got = runs.run(["p", "total"], texts)
         assert len(got) == n
         for feeds, outputs in zip(texts, got):
-            for value, expected in zip(outputs, alone.run(["y", "pooled"], feeds)):
+            for value, expected in zip(outputs, alone.run(["p", "total"], feeds)):
                 np.testing.assert_array_equal(value, expected)
 
 
-def test_a_failed_instance_raises_its_own_error_and_the_next_batch_runs() -> None:
-    runs = ParallelRuns(from_onnx(RESHAPE), [CPU], callers=2)
-    good = [{"x": np.arange(6, dtype=np.float32), "shape": np.array([2, 3])} for _ in range(9)]
-    bad = list(good)
-    bad[5] = {"x": np.arange(6, dtype=np.float32), "shape": np.array([7, 1])}
-    bad[8] = {"x": np.arange(6, dtype=np.float32), "shape": np.array([9, 1])}
-    with pytest.raises(Exception, match=r"\{7,1\}"):  # instance 5's, the first that failed
+def _failing(m: int, shape: tuple[int, int] = (1, 2)) -> dict[str, np.ndarray]:
+    return {"m": np.array(m, np.int64), "x": np.array([1, -1], np.float32), "shape": np.array(shape)}
+
+
+def test_the_first_failed_instance_raises_its_error_and_the_next_batch_runs() -> None:
+    """Instance 0 fails after a long Loop, instance 1 at once: instance 0's error is raised,
+    as running them in order would raise it."""
+    runs = ParallelRuns(from_onnx(FAILING_LATE), [CPU], callers=2)
+    bad = [_failing(3 * 10**5, (7, 3)), _failing(1, (9, 3))] + [_failing(1)] * 6
+    with pytest.raises(Exception, match=r"\{7,3\}"):
         runs.run(["y"], bad)
-    got = runs.run(["y"], good)
-    assert all(np.array_equal(outputs[0], np.arange(6, dtype=np.float32).reshape(2, 3)) for outputs in got)
+    got = runs.run(["y"], [_failing(3)] * 5)
+    assert all(np.array_equal(outputs[0], [[8.0, -8.0]]) for outputs in got)
+
+
+def test_an_interrupt_stops_the_other_threads_taking_instances(monkeypatch) -> None:
+    """Ctrl-C in the caller's thread reaches the caller, and the helper stops after the run
+    it is in rather than running the rest of the batch."""
+    import autobatch.backends.parallel_runs as parallel_runs
+
+    calls: list[str] = []
+    main = threading.main_thread()
+
+    def interrupted(run, names, feeds):  # type: ignore[no-untyped-def]
+        calls.append(threading.current_thread().name)
+        if threading.current_thread() is main and calls.count(main.name) == 2:
+            raise KeyboardInterrupt
+        time.sleep(0.02)
+        return run(names, feeds)
+
+    runs = ParallelRuns(from_onnx(FAILING_LATE), [CPU], callers=2)
+    monkeypatch.setattr(parallel_runs, "run_session", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runs.run(["y"], [_failing(3)] * 40)
+    assert len(calls) < 10, calls
+    monkeypatch.undo()
+    assert len(runs.run(["y"], [_failing(3)] * 4)) == 4
 
 
 def test_the_callers_deadline_stops_the_instances_on_every_thread() -> None:
@@ -100,3 +134,23 @@ def test_a_session_runs_a_batch_alone_at_once_on_its_threads_with_each_instances
             np.testing.assert_array_equal(outputs[0], session.run(None, instance)[0])
     assert session.stats.alone == 8 and session.stats.at_once == 2
     assert "each run alone, 2 at once" in str(session.stats)
+
+
+def test_a_batch_whose_empty_sequences_run_in_turn_runs_the_others_at_once() -> None:
+    """onnxruntime may abort on an LSTM over no steps, so those instances run one by one (on
+    NumPy for that layer); the others run at once; every result is the instance's own."""
+    rng = np.random.default_rng(4)
+    weights = [onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+               for name, shape in (("W", (1, 12, 4)), ("R", (1, 12, 3)))]
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=3)], "lstm",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["L", 1, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["L", 1, 1, 3])], weights)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    session = InferenceSession(model, backend="onnxruntime", threads=2)
+    session._ways.choose = lambda n, kept: ALONE  # type: ignore[union-attr]  # this batch is run alone
+    instances = [{"x": rng.standard_normal((n, 1, 4)).astype(np.float32)} for n in (3, 0, 5, 0, 2, 4)]
+    got = session.run_batch(None, instances)
+    assert session.stats.alone == 6 and session.stats.at_once == 2
+    for feeds, outputs in zip(instances, got):
+        np.testing.assert_array_equal(outputs[0], session.run(None, feeds)[0])
