@@ -4,7 +4,7 @@ One instance of a small model (an exported tagger, a small BERT over a short tex
 work to keep several intra-op threads busy: each op wakes them for microseconds of work. Run
 one instance per thread instead, each on a session of one intra-op thread, and every core does
 a whole instance's work. Measured on this repository's 2-core CPU over new mixes of 64 texts of
-each exported model (benchmarks/README.md): 1.21x-1.63x onnxruntime's own default of one
+each exported model (benchmarks/README.md): 1.18x-1.63x onnxruntime's own default of one
 instance at a time on both cores for the tagger and the transformers, 0.98x-1.19x for a CNN.
 Each instance still runs the model alone, on the same kernels: onnxruntime's threads split a
 product's rows and columns, never its sums, so one thread gives the bits that two give.
