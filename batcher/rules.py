@@ -351,8 +351,10 @@ def recurrent(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shap
     peephole = padded[7] if node.op_type == "LSTM" else None
     if x is None or not x.stacked or any(o is not None and o.stacked for o in (w, r, bias, peephole)):
         return refuse("weights of each instance's own, or a shared X")
-    if any(s is not None and not s.stacked for s in states) or (seq_lens is not None and not seq_lens.stacked):
-        return refuse("a shared initial state or sequence length (it would need a copy per instance)")
+    # A shared initial state (exporters write zeros from the shape, alike for every instance of
+    # one length) or sequence length is every instance's: repeated for each, then merged.
+    states = [_stacked(e, s, x.name) for s in states]
+    seq_lens = _stacked(e, seq_lens, x.name)
     layout = node.attr("layout", 0)
     seq, batch, width = x.shape if layout == 0 else (x.shape[1], x.shape[0], x.shape[2])
     n_dirs = 2 if node.attr("direction", "forward") == "bidirectional" else 1
@@ -389,6 +391,13 @@ def recurrent(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shap
             split = e.op("Reshape", [name, const(shape[0], -1, batch, shape[2])])[0]
             unmerged.append(e.op("Transpose", [split], {"perm": [1, 0, 2, 3]})[0])
     return unmerged
+
+
+def _stacked(e: Emitter, operand: Operand | None, stacked: str) -> Operand | None:
+    """``operand`` with the batch axis of ``stacked`` in front: a shared one repeated for every instance."""
+    if operand is None or operand.stacked:
+        return operand
+    return Operand(_broadcast_to_batch(e, operand.name, operand.shape, stacked), True, operand.shape)
 
 
 # ----------------------------------------------------------------------------- per-sample ops

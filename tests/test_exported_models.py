@@ -43,11 +43,12 @@ def exported(tmp_path_factory):
     return export
 
 
-def run_and_compare(path: Path, backend: str, rtol: float = 1e-5, atol: float = 1e-6) -> InferenceSession:
+def run_and_compare(path: Path, backend: str, rtol: float = 1e-5, atol: float = 1e-6,
+                    lengths: list[int] = LENGTHS) -> InferenceSession:
     """``run_batch`` twice (planned, then the kept plan: on onnxruntime one session) equals
     onnxruntime alone on each instance."""
     rng = np.random.default_rng(0)
-    batch = [{"ids": rng.integers(0, exports.VOCABULARY, (1, n))} for n in LENGTHS]
+    batch = [{"ids": rng.integers(0, exports.VOCABULARY, (1, n))} for n in lengths]
     alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     session = InferenceSession(str(path), backend=backend)
     for _ in range(2):
@@ -84,6 +85,17 @@ def test_an_exported_recurrent_tagger_batches_across_lengths(exported, cell, bac
     assert launches == {op: count for op, count in nodes.items()
                         if op not in ("Constant", "Shape", "Unsqueeze", "Concat", "ConstantOfShape", "Transpose")
                         } | {"Gather": 1}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_an_exported_recurrent_tagger_batches_texts_of_one_length(exported, cell, backend):
+    """Texts of one length share their folded zero initial states (alike constants are one):
+    the layer repeats the shared state for each text and packs them in one launch; it ran once
+    a text before ("a shared initial state")."""
+    session = run_and_compare(exported(cell, 16), backend, lengths=[6] * 5)
+    assert session.stats.report.alone == {}
+    assert session.stats.report.launches_by_op[cell.upper()] == 1
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
