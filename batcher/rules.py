@@ -192,6 +192,19 @@ def axis_shifted(e: Emitter, node: Node, ins: list[Operand | None], outs: list[S
     return e.op(node.op_type, [o.name if o else "" for o in ins], attributes, len(node.outputs))
 
 
+@rule("LayerNormalization")
+def layer_normalization(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
+    """Normalizing the axes from ``axis`` on: the same op one axis further right, by the shared
+    scale and bias (which broadcast over those axes). Rows of different lengths take the ragged
+    path; this is instances of one shape (exported transformers' ``[1, L, d]``)."""
+    x, scale, bias = (ins + [None] * 3)[:3]
+    if x is None or not x.stacked or scale is None or scale.stacked or (bias is not None and bias.stacked):
+        return refuse("the data is shared, or a scale or bias each instance's own")
+    attributes = dict(node.attributes)
+    attributes["axis"] = _shift([node.attr("axis", -1)], x.rank)[0]
+    return e.op(node.op_type, [o.name if o else "" for o in ins], attributes, len(node.outputs))
+
+
 def _concat(e: Emitter, node: Node, parts: list[Operand]) -> list[str] | Refusal:
     """Concat one axis further right; a shared part (a padding vector, a bias row) is
     broadcast to every instance first."""

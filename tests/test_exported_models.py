@@ -116,6 +116,18 @@ def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(expo
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_an_exported_transformer_batches_texts_of_one_length(exported, backend):
+    """Texts of one length stack (``[N, 1, L, d]``): each layer norm is one launch over them,
+    its axis one further right; they ran once a text before ("no batching rule")."""
+    pytest.importorskip("transformers")
+    path = exported("bert")
+    session = run_and_compare(path, backend, rtol=1e-4, atol=1e-5, lengths=[7] * 5)
+    nodes = Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+    assert session.stats.report.alone == {}
+    assert session.stats.report.launches_by_op["LayerNormalization"] == nodes["LayerNormalization"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 def test_an_exported_cnn_batches_images_of_each_size_and_its_head_across_sizes(exported, backend):
     """Convolutions run a launch per image size; once pooled to [1, C, 1, 1], every image's
     head is one launch."""
