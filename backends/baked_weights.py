@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autobatch.ir.types import same_bits
+
 BAKE_MIN_LAUNCHES = 2
 BAKE_MIN_BYTES = 64 * 1024
 # What the snapshots may hold, the arrays they keep alive included (least recently used go
@@ -76,7 +78,7 @@ class WeightSnapshots:
             self._snapshots.move_to_end(id(array))
         if snapshot.copy is None:
             return None
-        if snapshot.copy is array or _same_bits(array, snapshot.copy):  # a frozen array is its own snapshot
+        if snapshot.copy is array or same_bits(array, snapshot.copy):  # a frozen array is its own snapshot
             return snapshot
         with self._lock:
             if snapshot.copy is not None and self._snapshots.get(id(array)) is snapshot:
@@ -108,12 +110,3 @@ def is_frozen(array: np.ndarray) -> bool:
             return False
         base = base.base
     return base is None or isinstance(base, bytes)
-
-
-_UNSIGNED = {2: np.uint16, 4: np.uint32, 8: np.uint64}  # by item size; any other size is read as bytes
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal bit for bit (0.0 differs from -0.0; a NaN equals itself), read as unsigned ints."""
-    unsigned = _UNSIGNED.get(a.dtype.itemsize, np.uint8)
-    return bool(np.array_equal(a.view(unsigned), b.view(unsigned)))

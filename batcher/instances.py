@@ -14,7 +14,7 @@ from autobatch.batcher.constants import FOLD_LIMIT
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Graph, captured_names
 from autobatch.ir.records import Record
-from autobatch.ir.types import MISSING
+from autobatch.ir.types import MISSING, same_bits
 
 
 @dataclass
@@ -147,6 +147,4 @@ def alike(a: np.ndarray, b: np.ndarray) -> bool:
         return True
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    if a.dtype.kind in "fc":
-        return bool(np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)))
-    return bool(np.array_equal(a, b))
+    return same_bits(a, b) if a.dtype.kind in "fc" else bool(np.array_equal(a, b))

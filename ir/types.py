@@ -134,3 +134,15 @@ def accepts(declared: ValueType, array: np.ndarray) -> str | None:
         if isinstance(want, int) and want != got:
             return f"shape {array.shape} where {declared!r} is declared"
     return None
+
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # by item size
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Arrays of one dtype and shape equal bit for bit (0.0 differs from -0.0; a NaN equals
+    itself), read as unsigned ints (other item sizes, complex128, as bytes)."""
+    unsigned = _UNSIGNED.get(a.dtype.itemsize)
+    if unsigned is None:
+        a, b, unsigned = np.ascontiguousarray(a), np.ascontiguousarray(b), np.uint8
+    return bool(np.array_equal(a.view(unsigned), b.view(unsigned)))
