@@ -10,7 +10,9 @@ chunk, every member's operands placed at the start of zeros of that member's sha
 member's result cut out of it. It is exact where every real position of the result is computed
 from real positions of the operands alone: position by position (elementwise ops, with the same
 broadcasting for every member), through a product whose padded terms are zeros (MatMul over a
-padded axis adds zeros), by a reshape that keeps padded axes whole, or by a Softmax over a padded
+padded axis adds zeros), by a reshape that keeps padded axes whole (Reshape, Squeeze, Unsqueeze,
+Flatten), by a Gather of a shared index or a Concat along an axis no member pads (or a Concat of
+one operand, which copies it), or by a Softmax over a padded
 axis whose padded scores are -inf, along that axis only (a row of real scores keeps its value,
 even one all -inf or all the lowest float, as masks write them; a row of padding alone is zeros,
 finite). The padded positions of a result are never read. (A product or a sum over more terms, the added ones
@@ -34,6 +36,7 @@ ELEMENTWISE = frozenset({
 })
 DIVISORS = frozenset({"Div"})  # elementwise, by a shared divisor only (a padded one would divide by 0)
 SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})  # each member's elements keep their order
 
 
 @dataclass(frozen=True)
@@ -77,19 +80,32 @@ def padding(records: list[Any], opset: int) -> Padding | None:
             return None
     elif op == "Transpose":
         pass
-    elif op == "Reshape":
+    elif op in RESHAPES:
         if data != [0] or not _keeps_padded_axes_whole([row[0] for row in shapes], [row[1] for row in shapes]):
+            return None
+    elif op == "Gather":  # by a shared index, along an axis no member pads
+        axis = _attribute(first, "axis", 0) % len(shapes[0][0])
+        if data != [0] or len({row[0][axis] for row in shapes}) > 1:
+            return None
+    elif op == "Concat":  # one operand (an exporter's past keys and values, none), or along an axis none pads
+        axis = _attribute(first, "axis", 0) % len(shapes[0][0])
+        if len(data) != len(first.entries) or len(data) > 1 and any(
+                len({row[k][axis] for row in shapes}) > 1 for k in range(len(data))):
             return None
     elif op in SOFTMAX and opset >= 13:
         if data != [0]:
             return None
-        proto = first.attributes.get("axis")
-        axis = (attribute_value(proto) if proto is not None else -1) % len(shapes[0][0])
+        axis = _attribute(first, "axis", -1) % len(shapes[0][0])
         if len({row[0][axis] for row in shapes}) > 1:  # padded scores: exp(-inf - max) is 0
             fills[0] = (axis, float("-inf"))
     else:
         return None
     return Padding(tuple(sorted(fills.items())))
+
+
+def _attribute(record: Any, name: str, default: Any) -> Any:
+    proto = record.attributes.get(name)
+    return default if proto is None else attribute_value(proto)
 
 
 def _broadcasts_alike(records: list[Any], data: list[int], matrix: int = 0) -> bool:

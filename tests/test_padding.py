@@ -46,3 +46,51 @@ def test_instances_of_one_shape_are_not_cut_into_chunks(backend):
     into chunks of 8 they took 5 each)."""
     launches = run(backend, [4] * 31 + [5]).stats.report.launches_by_op
     assert launches == {"Transpose": 2, "MatMul": 4, "Softmax": 2}
+
+
+HEADS = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, L, 6] x) => (float[1, L, 2] y) {
+    target = Constant<value = int64[4] {1, -1, 3, 2}>()
+    r = Reshape(x, target)
+    t = Transpose<perm = [2, 0, 1, 3]>(r)
+    one = Constant<value = int64[1] {1}>()
+    q = Squeeze(t, one)
+    first = Constant<value = int64 {0}>()
+    second = Constant<value = int64 {1}>()
+    a = Gather<axis = 0>(q, first)
+    b = Gather<axis = 0>(q, second)
+    bt = Transpose<perm = [1, 0]>(b)
+    s = MatMul(a, bt)
+    p = Softmax<axis = -1>(s)
+    c = MatMul(p, a)
+    zero = Constant<value = int64[1] {0}>()
+    u = Unsqueeze(c, zero)
+    y = Concat<axis = -2>(u) }""")
+
+
+def test_heads_split_by_gather_and_squeeze_take_a_launch_a_chunk(backend):
+    """The heads of an exporter's attention: ``[3, L, ...]`` split by a Gather of a shared index,
+    a Squeeze, and a Concat of one operand (an exporter's past keys and values, none) run padded
+    too, a launch a chunk of instances (they took a launch a length)."""
+    lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10]
+    session = InferenceSession(HEADS, backend=backend)
+    rng = np.random.default_rng(1)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 6)).astype(np.float32)} for n in lengths],
+                                atol=1e-5)
+    launches = session.stats.report.launches_by_op
+    chunks = -(-len(lengths) // CHUNK)
+    assert (launches["Gather"], launches["Squeeze"], launches["Concat"]) == (2 * chunks, chunks, chunks), launches
+
+
+def test_concat_along_a_padded_axis_is_not_padded(backend):
+    """Two operands joined along the length axis: padded, the second's rows would land after
+    the first's padding, so it runs a launch a length, and each result still equals its own."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 2] x) => (float[1, M, 2] y) {
+        s = Sigmoid(x)
+        y = Concat<axis = -2>(s, x) }""")
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(2)
+    lengths = [2, 2, 3, 5]
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 2)).astype(np.float32)} for n in lengths])
+    assert session.stats.report.launches_by_op["Concat"] == len(set(lengths))
