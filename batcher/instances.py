@@ -33,6 +33,15 @@ class InstanceRecords:
     # large one), once worked out: hashing BERT's position-embedding slices of up to 15,000
     # elements again for every instance of every mix cost about an eighth of its ``mix_records``.
     tails: dict[str, tuple] = field(default_factory=dict)
+    _reading: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict)  # ``reading_own``
+
+    def reading_own(self, own: tuple[str, ...]) -> frozenset[int]:
+        """The records that read one of the constants ``own`` (of this instance alone in a mix)."""
+        found = self._reading.get(own)
+        if found is None:
+            mine = set(own)
+            found = self._reading[own] = frozenset(i for i, r in enumerate(self.records) if not mine.isdisjoint(r.entries))
+        return found
 
     def own_name(self, instance: int, name: str) -> str:
         """An own constant named by its value where small (instances with the same value share
@@ -94,19 +103,22 @@ def mix_records(pieces: Sequence[InstanceRecords]) -> tuple[list[Record], dict[s
     producer: dict[str, int] = {}
     for k, piece in enumerate(pieces):
         offset = len(records)
-        own = [name for name in piece.weights if name not in weights]
+        own = tuple(name for name in piece.weights if name not in weights) if weights is not piece.weights else ()
         names = {name: f"i{k}/{name}" for name in piece.own}
         names.update((name, piece.own_name(k, name)) for name in own)
         weights.update((names[name], piece.weights[name]) for name in own)
         rename = names.get
-        for r in piece.records:
+        reading = piece.reading_own(own)
+        for i, r in enumerate(piece.records):
             entries, key = r.entries, r.key
-            if own and any(type(entry) is str and entry in names for entry in entries):
+            if i in reading:
                 key = (*key[:3], piece.signed(entries, key[3], names), *key[4:])
                 entries = tuple(rename(entry, entry) if type(entry) is str else entry for entry in entries)
-            records.append(Record(r.op_type, r.domain, [rename(v, v) for v in r.inputs], [rename(v, v) for v in r.outputs],
-                                  r.attributes, r.types, entries, key, [p + offset for p in r.preds], k,
-                                  tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)))
+            records.append(Record(r.op_type, r.domain, list(map(rename, r.inputs, r.inputs)),
+                                  list(map(rename, r.outputs, r.outputs)), r.attributes, r.types, entries, key,
+                                  [p + offset for p in r.preds], k,
+                                  tuple((inside, rename(outside, outside), vtype) for inside, outside, vtype in r.captured)
+                                  if r.captured else ()))
         producer.update((names[name], index + offset) for name, index in piece.producer.items())
     return records, producer, weights
 
