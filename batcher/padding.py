@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from autobatch.ir import ValueType, attribute_value
+from autobatch.batcher.ragged import record_attribute
+from autobatch.ir import ValueType
 
 CHUNK = 8  # instances a padded launch (as ``batcher.sequences`` chunks sequences)
 ELEMENTWISE = frozenset({
@@ -84,28 +85,23 @@ def padding(records: list[Any], opset: int) -> Padding | None:
         if data != [0] or not _keeps_padded_axes_whole([row[0] for row in shapes], [row[1] for row in shapes]):
             return None
     elif op == "Gather":  # by a shared index, along an axis no member pads
-        axis = _attribute(first, "axis", 0) % len(shapes[0][0])
+        axis = record_attribute(first, "axis", 0) % len(shapes[0][0])
         if data != [0] or len({row[0][axis] for row in shapes}) > 1:
             return None
     elif op == "Concat":  # one operand (an exporter's past keys and values, none), or along an axis none pads
-        axis = _attribute(first, "axis", 0) % len(shapes[0][0])
+        axis = record_attribute(first, "axis", 0) % len(shapes[0][0])
         if len(data) != len(first.entries) or len(data) > 1 and any(
                 len({row[k][axis] for row in shapes}) > 1 for k in range(len(data))):
             return None
     elif op in SOFTMAX and opset >= 13:
         if data != [0]:
             return None
-        axis = _attribute(first, "axis", -1) % len(shapes[0][0])
+        axis = record_attribute(first, "axis", -1) % len(shapes[0][0])
         if len({row[0][axis] for row in shapes}) > 1:  # padded scores: exp(-inf - max) is 0
             fills[0] = (axis, float("-inf"))
     else:
         return None
     return Padding(tuple(sorted(fills.items())))
-
-
-def _attribute(record: Any, name: str, default: Any) -> Any:
-    proto = record.attributes.get(name)
-    return default if proto is None else attribute_value(proto)
 
 
 def _broadcasts_alike(records: list[Any], data: list[int], matrix: int = 0) -> bool:

@@ -111,7 +111,7 @@ def one_row_signatures(record: Any, weights: Mapping[str, np.ndarray], opset: in
     ones = [axis for axis in range(len(data.shape)) if all(size == 1 for size in data.shape[:axis + 1])]
     out_ones = [axis for axis in range(len(out.shape)) if all(size == 1 for size in out.shape[:axis + 1])]
     if record.op_type == "Transpose" and len(record.outputs) == 1:
-        perm = _attribute(record, "perm", None)
+        perm = record_attribute(record, "perm", None)
         perm = list(reversed(range(len(data.shape)))) if perm is None else list(perm)
         pairs = [(axis, perm.index(axis)) for axis in ones]
     elif record.op_type in ROW_RESHAPES:
@@ -151,7 +151,7 @@ def _row_reshape(record: Any, data: list[tuple[int, ValueType]], row: tuple[int,
         return False
     shape = data[0][1].shape
     if record.op_type == "Transpose":
-        perm = _attribute(record, "perm", None)
+        perm = record_attribute(record, "perm", None)
         perm = list(reversed(range(len(shape)))) if perm is None else list(perm)
         moved = [axis for axis in perm if shape[axis] != 1]
         if moved != sorted(moved):
@@ -174,18 +174,18 @@ def _row_wise(record: Any, data: list[tuple[int, ValueType]], axis: int, weights
     if op == "MatMul":  # [..., n, k] by a shared [k, m]
         return [i for i, _ in data] == [0] and axis <= rank - 2 and [len(shape) for shape in shared] == [2]
     if op == "Gemm":  # A [n, k] by a shared B, plus a shared C that is a row at most
-        return ([i for i, _ in data] == [0] and rank == 2 and axis == 0 and not _attribute(record, "transA", 0)
+        return ([i for i, _ in data] == [0] and rank == 2 and axis == 0 and not record_attribute(record, "transA", 0)
                 and len(shared[0]) == 2 and all(len(shape) < 2 or shape[0] == 1 for shape in shared[1:]))
     if op == "Concat":  # per-instance operands along a later axis
-        return len(data) == len(entries) and _attribute(record, "axis", 0) % rank > axis
+        return len(data) == len(entries) and record_attribute(record, "axis", 0) % rank > axis
     if op == "LayerNormalization":  # over later axes, by a shared scale and bias
-        return [i for i, _ in data] == [0] and _attribute(record, "axis", -1) % rank > axis
+        return [i for i, _ in data] == [0] and record_attribute(record, "axis", -1) % rank > axis
     if op == "Gather":  # rows of a shared table by per-instance indices (embeddings)
-        return [i for i, _ in data] == [1] and _attribute(record, "axis", 0) == 0
+        return [i for i, _ in data] == [1] and record_attribute(record, "axis", 0) == 0
     if op == "Split":  # along a later axis, by shared sizes
-        return [i for i, _ in data] == [0] and _attribute(record, "axis", 0) % rank > axis
+        return [i for i, _ in data] == [0] and record_attribute(record, "axis", 0) % rank > axis
     if op in ("Softmax", "LogSoftmax"):
-        return len(data) == 1 and rank >= 2 and _attribute(record, "axis", -1) % rank > axis
+        return len(data) == 1 and rank >= 2 and record_attribute(record, "axis", -1) % rank > axis
     if op in ROW_REDUCTIONS:  # over later axes only
         if [i for i, _ in data] != [0]:
             return False
@@ -198,7 +198,7 @@ def _reduced_axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] |
     """A reduction's axes (its second input or its attribute); None or empty: all of them."""
     if len(record.inputs) > 1 and record.inputs[1]:
         return np.asarray(weights[record.inputs[1]]).ravel().tolist()
-    axes = _attribute(record, "axes", None)
+    axes = record_attribute(record, "axes", None)
     return None if axes is None else list(axes)
 
 
@@ -216,11 +216,11 @@ def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int)
             return None
         axes = np.asarray(weights[record.entries[1]]).ravel().tolist()
     else:
-        axes = list(_attribute(record, "axes", []))
+        axes = list(record_attribute(record, "axes", []))
     rank = len(data.shape)
-    if [a % rank for a in axes] != [0] or _attribute(record, "noop_with_empty_axes", 0):
+    if [a % rank for a in axes] != [0] or record_attribute(record, "noop_with_empty_axes", 0):
         return None
-    return bool(_attribute(record, "keepdims", 1))
+    return bool(record_attribute(record, "keepdims", 1))
 
 
 def _loss_signature(record: Any, attributes: tuple) -> tuple | None:
@@ -232,7 +232,7 @@ def _loss_signature(record: Any, attributes: tuple) -> tuple | None:
     if not (isinstance(scores, ValueType) and isinstance(labels, ValueType) and len(scores.shape) == 2
             and labels.shape == scores.shape[:1] and scores.shape[0] > 0):
         return None
-    reduction = _attribute(record, "reduction", "mean")
+    reduction = record_attribute(record, "reduction", "mean")
     reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
     if reduction not in ("sum", "mean") or reduction == "mean" and "ignore_index" in record.attributes:
         return None
@@ -240,6 +240,7 @@ def _loss_signature(record: Any, attributes: tuple) -> tuple | None:
     return ("loss", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 
 
-def _attribute(record: Any, name: str, default: Any) -> Any:
+def record_attribute(record: Any, name: str, default: Any) -> Any:
+    """A record's (or node's) attribute value, ``default`` where it has none."""
     proto = record.attributes.get(name)
     return default if proto is None else attribute_value(proto)
