@@ -12,7 +12,9 @@ backend; every instance's outputs must equal it run alone, and so must a second 
 same shapes with other values (a stale plan would give the first batch's) and a third of a new
 mix; one program in ten has an instance without rows. Floats compare within rtol 1e-5 and atol 1e-6 plus 1e-5 times the output's largest value:
 a ragged launch puts instances' rows through one larger BLAS call, whose summation order may
-differ, and later cancellation magnifies those last bits.
+differ, and later cancellation magnifies those last bits. A step function (Floor, Sign, ArgMax, the
+condition of a Where) takes only values computed without sums: of a sum, the last bit that summation
+order may change can move it across a step (Floor(0.99999994) is 0, Floor(1.0) is 1; seed 101093).
 
     python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M]
 """
@@ -45,6 +47,7 @@ class Value:
     name: str
     rows: Rows  # for an int64 id vector: its length
     cols: int  # 0: a vector of ids [rows]
+    exact: bool = True  # computed without sums, so alike in any summation order
 
 
 @dataclass
@@ -78,12 +81,15 @@ class Program:
     def floats(self) -> list[Value]:
         return [v for v in self.values if v.cols]
 
+    def exact(self) -> list[Value]:  # what a step function (Floor, Sign, ArgMax, > 0) may take
+        return [v for v in self.floats() if v.exact]
+
     def pick(self, candidates: list[Value] | None = None) -> Value:
         candidates = self.floats() if candidates is None else candidates
         return self.rng.choice(candidates[-6:] if self.rng.random() < 0.7 else candidates)
 
-    def add(self, name: str, rows: Rows, cols: int) -> None:
-        self.values.append(Value(name, rows, cols))
+    def add(self, name: str, rows: Rows, cols: int, *sources: Value, sums: bool = False) -> None:
+        self.values.append(Value(name, rows, cols, not sums and all(v.exact for v in sources)))
 
 
 def _ints(*values: int) -> np.ndarray:
@@ -92,38 +98,42 @@ def _ints(*values: int) -> np.ndarray:
 
 UNARY = ("Relu", "Tanh", "Sigmoid", "Neg", "Abs", "Softplus", "Erf", "LeakyRelu", "Elu", "HardSigmoid", "Sin",
          "Floor", "Sign")
+STEP_FUNCTIONS = ("Floor", "Sign")
 BINARY = ("Add", "Sub", "Mul", "Max", "Min")
 REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceLogSumExp")
 
 
 def unary(p: Program) -> None:
     a = p.pick()
-    p.add(p.node(p.rng.choice(UNARY), [a.name]), a.rows, a.cols)
+    op = p.rng.choice(UNARY)
+    if op in STEP_FUNCTIONS and not a.exact:
+        a = p.pick(p.exact())
+    p.add(p.node(op, [a.name]), a.rows, a.cols, a)
 
 
 def binary(p: Program) -> None:
     a = p.pick()
     same = [v for v in p.floats() if (v.rows, v.cols) == (a.rows, a.cols)]
     b = p.pick(same)
-    p.add(p.node(p.rng.choice(BINARY), [a.name, b.name]), a.rows, a.cols)
+    p.add(p.node(p.rng.choice(BINARY), [a.name, b.name]), a.rows, a.cols, a, b)
 
 
 def shared_operand(p: Program) -> None:  # a bias row, a scale, a column: broadcast from a shared value
     a = p.pick()
     shape = p.rng.choice([(a.cols,), (1, a.cols), ()])
-    p.add(p.node(p.rng.choice(("Add", "Mul", "Sub")), [a.name, p.weight(*shape)]), a.rows, a.cols)
+    p.add(p.node(p.rng.choice(("Add", "Mul", "Sub")), [a.name, p.weight(*shape)]), a.rows, a.cols, a)
 
 
 def broadcast_row(p: Program) -> None:  # each instance's mean row added back to its rows
     a = p.pick()
     mean = p.node("ReduceMean", [a.name, p.constant(_ints(0))], keepdims=1)
-    p.add(p.node("Add", [a.name, mean]), a.rows, a.cols)
+    p.add(p.node("Add", [a.name, mean]), a.rows, a.cols, sums=True)
 
 
 def matmul(p: Program) -> None:
     a = p.pick()
     cols = p.rng.randint(1, 5)
-    p.add(p.node("MatMul", [a.name, p.weight(a.cols, cols)]), a.rows, cols)
+    p.add(p.node("MatMul", [a.name, p.weight(a.cols, cols)]), a.rows, cols, sums=True)
 
 
 def gemm(p: Program) -> None:
@@ -131,7 +141,7 @@ def gemm(p: Program) -> None:
     cols = p.rng.randint(1, 5)
     trans = p.rng.random() < 0.5
     weight = p.weight(cols, a.cols) if trans else p.weight(a.cols, cols)
-    p.add(p.node("Gemm", [a.name, weight, p.weight(cols)], transB=int(trans), alpha=0.5), a.rows, cols)
+    p.add(p.node("Gemm", [a.name, weight, p.weight(cols)], transB=int(trans), alpha=0.5), a.rows, cols, sums=True)
 
 
 def attention(p: Program) -> None:  # softmax(a b^T) c: per-instance [rows_a, rows_b] scores
@@ -142,7 +152,7 @@ def attention(p: Program) -> None:  # softmax(a b^T) c: per-instance [rows_a, ro
     weights = p.node("Softmax", [scores], axis=-1)
     values = [v for v in p.floats() if v.rows == b.rows]
     c = p.pick(values)
-    p.add(p.node("MatMul", [weights, c.name]), a.rows, c.cols)
+    p.add(p.node("MatMul", [weights, c.name]), a.rows, c.cols, sums=True)
 
 
 def concat(p: Program) -> None:
@@ -151,12 +161,12 @@ def concat(p: Program) -> None:
         partners = [v for v in p.floats() if v.rows == a.rows and v.cols + a.cols <= 8]
         if partners:
             b = p.pick(partners)
-            p.add(p.node("Concat", [a.name, b.name], axis=1), a.rows, a.cols + b.cols)
+            p.add(p.node("Concat", [a.name, b.name], axis=1), a.rows, a.cols + b.cols, a, b)
             return
     partners = [v for v in p.floats() if v.cols == a.cols and v.rows[0] + a.rows[0] <= 2 and v.rows[1] + a.rows[1] <= 3]
     if partners:
         b = p.pick(partners)
-        p.add(p.node("Concat", [a.name, b.name], axis=0), (a.rows[0] + b.rows[0], a.rows[1] + b.rows[1]), a.cols)
+        p.add(p.node("Concat", [a.name, b.name], axis=0), (a.rows[0] + b.rows[0], a.rows[1] + b.rows[1]), a.cols, a, b)
 
 
 def slice_(p: Program) -> None:
@@ -165,25 +175,26 @@ def slice_(p: Program) -> None:
         start = p.rng.randrange(a.cols - 1)
         end = p.rng.randint(start + 1, a.cols)
         p.add(p.node("Slice", [a.name, p.constant(_ints(start)), p.constant(_ints(end)), p.constant(_ints(1))]),
-              a.rows, end - start)
+              a.rows, end - start, a)
     else:  # the first row of each instance
-        p.add(p.node("Slice", [a.name, p.constant(_ints(0)), p.constant(_ints(1)), p.constant(_ints(0))]), (0, 1), a.cols)
+        p.add(p.node("Slice", [a.name, p.constant(_ints(0)), p.constant(_ints(1)), p.constant(_ints(0))]), (0, 1), a.cols, a)
 
 
 def reduce(p: Program) -> None:
     a = p.pick()
     axis = p.rng.randrange(2)
-    out = p.node(p.rng.choice(REDUCE), [a.name, p.constant(_ints(axis))], keepdims=1)
-    p.add(out, (0, 1) if axis == 0 else a.rows, a.cols if axis == 0 else 1)
+    op = p.rng.choice(REDUCE)
+    out = p.node(op, [a.name, p.constant(_ints(axis))], keepdims=1)
+    p.add(out, (0, 1) if axis == 0 else a.rows, a.cols if axis == 0 else 1, a, sums=op not in ("ReduceMax", "ReduceMin"))
 
 
 def normalize(p: Program) -> None:
     a = p.pick()
     kind = p.rng.choice(("Softmax", "LogSoftmax", "LayerNormalization"))
     if kind == "LayerNormalization":
-        p.add(p.node(kind, [a.name, p.weight(a.cols), p.weight(a.cols)], axis=-1), a.rows, a.cols)
+        p.add(p.node(kind, [a.name, p.weight(a.cols), p.weight(a.cols)], axis=-1), a.rows, a.cols, sums=True)
     else:
-        p.add(p.node(kind, [a.name], axis=p.rng.choice((-1, 0))), a.rows, a.cols)
+        p.add(p.node(kind, [a.name], axis=p.rng.choice((-1, 0))), a.rows, a.cols, sums=True)
 
 
 def transpose(p: Program) -> None:  # of a value with a fixed number of rows: [c, cols] -> [cols, c]
@@ -191,7 +202,7 @@ def transpose(p: Program) -> None:  # of a value with a fixed number of rows: [c
     if not fixed:
         return unary(p)
     a = p.pick(fixed)
-    p.add(p.node("Transpose", [a.name], perm=[1, 0]), (0, a.cols), a.rows[1])
+    p.add(p.node("Transpose", [a.name], perm=[1, 0]), (0, a.cols), a.rows[1], a)
 
 
 def reshape(p: Program) -> None:
@@ -200,7 +211,7 @@ def reshape(p: Program) -> None:
         return
     split = p.node("Reshape", [a.name, p.constant(_ints(-1, 2, a.cols // 2))])
     swapped = p.node("Transpose", [split], perm=[0, 2, 1])
-    p.add(p.node("Reshape", [swapped, p.constant(_ints(-1, a.cols))]), a.rows, a.cols)
+    p.add(p.node("Reshape", [swapped, p.constant(_ints(-1, a.cols))]), a.rows, a.cols, a)
 
 
 def lookup(p: Program) -> None:
@@ -227,7 +238,7 @@ def lstm(p: Program) -> None:
     gates = 4 * HIDDEN
     y = p.node("LSTM", [x, p.weight(1, gates, a.cols), p.weight(1, gates, HIDDEN), p.weight(1, 2 * gates)],
                hidden_size=HIDDEN, direction=p.rng.choice(("forward", "reverse")))
-    p.add(p.node("Squeeze", [y, p.constant(_ints(1, 2))]), a.rows, HIDDEN)
+    p.add(p.node("Squeeze", [y, p.constant(_ints(1, 2))]), a.rows, HIDDEN, sums=True)
 
 
 def no_rule(p: Program) -> None:  # ops that run one instance at a time inside the plan
@@ -238,33 +249,37 @@ def no_rule(p: Program) -> None:  # ops that run one instance at a time inside t
         values = p.fresh("v")
         p.nodes.append(helper.make_node("TopK", [a.name, p.constant(_ints(k))], [values, values + "i"], axis=1))
         p.ops["TopK"] += 1
-        p.add(values, a.rows, k)
+        p.add(values, a.rows, k, a)
     elif kind == "CumSum":
         p.add(p.node("CumSum", [a.name, p.constant(np.array(p.rng.randrange(2), np.int64))],
-                     reverse=p.rng.randrange(2)), a.rows, a.cols)
+                     reverse=p.rng.randrange(2)), a.rows, a.cols, sums=True)
     elif kind == "Pad":
-        p.add(p.node("Pad", [a.name, p.constant(_ints(0, 1, 0, 1))]), a.rows, a.cols + 2)
+        p.add(p.node("Pad", [a.name, p.constant(_ints(0, 1, 0, 1))]), a.rows, a.cols + 2, a)
     elif kind == "Trilu":
-        p.add(p.node("Trilu", [a.name], upper=p.rng.randrange(2)), a.rows, a.cols)
+        p.add(p.node("Trilu", [a.name], upper=p.rng.randrange(2)), a.rows, a.cols, a)
     elif kind == "Einsum":
         cols = p.rng.randint(1, 4)
-        p.add(p.node("Einsum", [a.name, p.weight(a.cols, cols)], equation="ij,jk->ik"), a.rows, cols)
+        p.add(p.node("Einsum", [a.name, p.weight(a.cols, cols)], equation="ij,jk->ik"), a.rows, cols, sums=True)
     else:
+        if not a.exact:
+            a = p.pick(p.exact())
         ids = p.node("ArgMax", [a.name], axis=1, keepdims=0)
         p.values.append(Value(ids, a.rows, 0))
 
 
 def where(p: Program) -> None:
     a = p.pick()
+    if not a.exact:  # it decides the branch
+        a = p.pick(p.exact())
     b = p.pick([v for v in p.floats() if (v.rows, v.cols) == (a.rows, a.cols)])
     condition = p.node("Greater", [a.name, p.constant(np.array(0, np.float32))])
-    p.add(p.node("Where", [condition, a.name, b.name]), a.rows, a.cols)
+    p.add(p.node("Where", [condition, a.name, b.name]), a.rows, a.cols, a, b)
 
 
 def cast(p: Program) -> None:
     a = p.pick()
     wide = p.node("Cast", [a.name], to=TensorProto.DOUBLE)
-    p.add(p.node("Cast", [p.node("Tanh", [wide])], to=TensorProto.FLOAT), a.rows, a.cols)
+    p.add(p.node("Cast", [p.node("Tanh", [wide])], to=TensorProto.FLOAT), a.rows, a.cols, a)
 
 
 STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
