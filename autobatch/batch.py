@@ -3,19 +3,22 @@ batcher and run on a backend, and ``run_programs``, lockstep programs run in one
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.helper import np_dtype_to_tensor_dtype
 
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.batcher import BatchingPass, get_scheduler
+from autobatch.backends.lowering import lower_plan
+from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
-from autobatch.batcher.plan import NotFlat, TemplateCache
+from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tracing import OPSET, Tensor, TraceError, Tracer
-from autobatch.session import flat_executor, make_runner_factory
+from autobatch.session import flat_executor
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.
@@ -33,54 +36,57 @@ class Batch(Tracer):
     """
 
     def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
-                 providers: Sequence[str] | None = None, flat: bool = True, reuse_calls: bool = True) -> None:
+                 providers: Sequence[str] | None = None, reuse_calls: bool = True) -> None:
         """``backend``: "numpy" or "onnxruntime"; ``scheduler``: "depth", "agenda" or "level".
         ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
         thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
         NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
-        when it loads, else the CPU). ``flat``: plan straight from the trace records (the flat
-        plan, ``autobatch.batcher.flat``; not on CUDA, where the batched graph keeps values on
-        the device); False builds the IR graph and rewrites it (the general path).
+        when it loads, else the CPU; on CUDA each step's values go to the device and back).
         ``reuse_calls``: see ``Tracer``."""
         get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         super().__init__(reuse_calls)
         self.backend = backend
         self.scheduler = scheduler
-        self._make_runner = make_runner_factory(backend, threads, providers)
-        self._flat = flat_executor(backend, threads, providers, snapshots=TRACED_SNAPSHOTS) if flat else None
-        self.reports: list[Any] = []  # one BatchReport for every time the batch ran
-        self.last_plan: Any = None  # the last run's FlatPlan, or PassResult (batched graph and report)
+        self._executor = flat_executor(backend, threads, providers, snapshots=TRACED_SNAPSHOTS)
+        self.reports: list[BatchReport] = []  # one for every time the batch ran
+        self.last_plan: FlatPlan | None = None  # the last run's
+
+    def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
+        """The plan that computing these pending tensors runs (its ``report`` says how it
+        batches them); nothing runs, and the batch stays pending."""
+        try:
+            return plan_records(self._records, [t.name for t in wanted], [t.producer for t in wanted], self._weights,
+                                self._literals, self.functions, self._opsets(), self.scheduler, cache=TRACED_TEMPLATES)
+        except NotFlat as why:
+            raise TraceError(str(why)) from None
+
+    def plan_model(self, tensors: Sequence[Tensor]) -> onnx.ModelProto:
+        """The plan that computing these pending tensors runs, lowered to one ONNX model
+        (``backends.lowering``; tree folds included): no inputs, the data it reads as
+        initializers, one output a tensor, named by it. Nothing runs, and the batch stays pending."""
+        if any(t.value is not None for t in tensors):
+            raise TraceError("plan_model takes pending tensors; one of these already has its value")
+        plan = self.plan(tensors)
+        literals = self._literals
+        outputs = [(helper.make_tensor_value_info(t.name, np_dtype_to_tensor_dtype(t.dtype), list(t.shape)),
+                    plan.locations[t.name]) for t in tensors]
+        inputs = [helper.make_tensor_value_info(name, np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+                  for name, a in literals.items()]
+        model = lower_plan(plan, inputs, {name: name for name in literals}, outputs, self._weights, self._opsets(),
+                           "batch/plan")
+        del model.graph.input[:]  # the literals are this batch's data: the model holds those it reads
+        read = {name for node in model.graph.node for name in node.input} | {t.name for t in tensors}
+        model.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in literals.items()
+                                       if name in read)
+        return model
 
     def _execute(self, wanted: list[Tensor]) -> list[np.ndarray]:
         names = [t.name for t in wanted]
-        if self._flat is None:
-            return self._run_graph(*self.records_for(names), names)
-        return self._run_flat([t.producer for t in wanted], names)
-
-    def _run_flat(self, producers: list[int], names: list[str]) -> list[Any]:
-        """Values of ``names`` (made by the records at ``producers``) by the flat plan."""
-        try:
-            plan = plan_records(self._records, names, producers, self._weights, self._literals, self.functions,
-                                self._opsets(), self.scheduler, cache=TRACED_TEMPLATES)
-        except NotFlat as why:
-            raise TraceError(str(why)) from None
-        values = self._flat.run(plan, self._weights, self._literals, plan.report.execution)  # type: ignore[union-attr]
+        plan = self.plan(wanted)
+        values = self._executor.run(plan, self._weights, self._literals, plan.report.execution)
         self.reports.append(plan.report)
         self.last_plan = plan
         return [values[plan.locations[name]] for name in names]
-
-    def _run_graph(self, records: list, needed: set[str], names: list[str]) -> list[np.ndarray]:
-        start = time.perf_counter()
-        graph = self._graph(records, needed, names)
-        built = time.perf_counter() - start
-        result = BatchingPass(self.scheduler, as_rows=True)(graph)
-        result.report.seconds["build"] = built  # the IR graph of the records, as a session reports it
-        outputs = list(result.graph.outputs)
-        values = dict(zip(outputs, self._make_runner(result.graph).run({}, outputs)))
-        self.reports.append(result.report)
-        self.last_plan = result
-        located = (result.locations[name] for name in names)
-        return [values[source] if row is None else values[source][row, ...] for source, row in located]  # views
 
 
 def run_programs(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], backend: str = "numpy",

@@ -21,15 +21,14 @@ from autobatch.backends.flat_executor import FlatExecutor, onnxruntime_template
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
-from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import CPU, SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
-from autobatch.batcher import BatchingPass, BatchReport, PassResult
+from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.instances import InstanceRecords, alike, instance_records, mix_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
-from autobatch.batcher.constants import constant_value, constants_to_initializers, fold_known_values
+from autobatch.batcher.constants import constants_to_initializers, fold_known_values
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
 from autobatch.ir import Graph, Recent, ValueType, from_onnx
@@ -62,8 +61,6 @@ class SessionStats:
     report: BatchReport | None  # None: every instance ran alone
     plan_cached: bool = False
     launches: int = 0
-    sessions_created: int = 0
-    cache_hits: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     whole_plan: bool = False  # the plan ran as one onnxruntime session (``backends.whole_plan``)
     alone: int = 0  # instances run each alone, as measured faster than batching them (``autobatch.ways``)
@@ -80,8 +77,7 @@ class SessionStats:
             at_once = f", {self.at_once} at once" if self.at_once > 1 else ""
             return f"{self.instances} instances, each run alone{at_once} ({self.why_alone}); {timing}"
         cached = " (cached plan" + (", one onnxruntime session)" if self.whole_plan else ")") if self.plan_cached else ""
-        return (f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed, "
-                f"{self.sessions_created} sessions created, {self.cache_hits} cache hits; {timing}")
+        return f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed; {timing}"
 
 
 @dataclass(frozen=True)
@@ -130,16 +126,7 @@ class _FlatPlan:
     located: list[tuple[int, Any]]  # where each wanted value is, instance by instance
     uses: int = 0
     whole_refusal: str | None = None  # why it does not run as one onnxruntime session
-
-
-@dataclass
-class _Plan:
-    """A batched graph and what runs it, kept for the next batch of the same structure."""
-
-    report: BatchReport
-    graph: Graph
-    runner: Interpreter | OrtExecutor
-    uses: int = 0
+    whole_made: bool = False  # it had one (a session costs tens of milliseconds to make)
 
 
 class InferenceSession:
@@ -152,19 +139,18 @@ class InferenceSession:
 
     def __init__(self, model: ModelProto | Graph | bytes | str, sess_options: Any = None,
                  providers: Sequence[str] | None = None, *, backend: str | None = None, scheduler: str = "level",
-                 threads: int | None = None, flat: bool = True, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
+                 threads: int | None = None, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
                  whole_plans: int = WHOLE_PLANS_KEPT, alone_when_faster: bool = True) -> None:
         """Called as onnxruntime's is: ``InferenceSession(path, sess_options, providers)``, where
         ``sess_options`` is an ``onnxruntime.SessionOptions`` (its ``intra_op_num_threads`` is
         read) and giving ``providers`` (or options) means the onnxruntime backend. ``backend``:
         "numpy" (the default) or "onnxruntime"; ``threads``: onnxruntime's intra-op threads (0:
-        its own choice). ``flat``: run batches by the flat path where they allow it (see
-        ``autobatch.Batch``); False always builds, rewrites and runs the batched IR graph.
-        ``max_unrolled_nodes``: the most nodes an instance's If, Loop and Scan may unroll into
+        its own choice). ``max_unrolled_nodes``: the most nodes an instance's If, Loop and Scan may unroll into
         (``check``, ``run`` and ``run_batch`` refuse an instance past it), so that a trip count
         given with the feeds cannot make a run of any size. ``whole_plans``: on onnxruntime, the
         mixes of input shapes whose plan, once used again, runs as one session
-        (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step).
+        (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step); on CUDA
+        from its first use, so that values stay on the device between steps.
         ``alone_when_faster``: a batch may run each instance alone where that was measured
         faster than batching batches of its kind (``autobatch.ways``); False: always batched.
         On onnxruntime's CPU such a batch, of at least ``threads`` instances (0: as many as the
@@ -180,12 +166,12 @@ class InferenceSession:
         self.max_unrolled_nodes = max_unrolled_nodes
         self._unrolled = _NodeBudget(UNROLLED_NODES_KEPT)  # the values of a control-flow instance -> its graph
         self.backend = backend
-        self.batching = BatchingPass(scheduler)
+        get_scheduler(scheduler)  # an unknown name fails here, not at the first batch
+        self.scheduler = scheduler
         self.stats: SessionStats | None = None
         self._typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
         self._aborts: Recent = Recent(SHAPES_KEPT)  # input signature -> ``_might_abort``
         self._constants = SharedConstants()
-        self._plans: Recent = Recent(PLANS_KEPT)  # mix of input signatures -> _Plan
         # Control flow is unrolled per instance from its values, so such plans are not reused.
         self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
         self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
@@ -196,12 +182,14 @@ class InferenceSession:
             callers = threads or _usable_cores()
             if self.cache.providers[0] == CPU and callers > 1 and alone_when_faster:
                 self._parallel = ParallelRuns(self.graph, self.cache.providers, callers)
-        self._constant_outputs = {name for name in self.graph.outputs if _is_constant(self.graph, name)}
-        # Batches take the flat path (but on CUDA: ``flat_executor``); plans are kept per mix of
-        # input signatures, but not with control flow, where each instance unrolls by its values.
+        # Plans are kept per mix of input signatures, but not with control flow, where each
+        # instance unrolls by its values.
         self.templates = TemplateCache()  # its plans' templates, with the runs prepared for them
         self.weight_snapshots = WeightSnapshots()  # its weights that templates may bake (``backends.baked_weights``)
-        self._flat = flat_executor(backend, threads, providers, snapshots=self.weight_snapshots) if flat else None
+        self._flat = flat_executor(backend, threads, providers, snapshots=self.weight_snapshots)
+        # uses of a mix's plan before it runs as one session: a session costs more to make than a
+        # run step by step on the CPU; on CUDA, steps run apart copy each value to the host and back
+        self.whole_plan_after = 1 if backend == "onnxruntime" and self.cache.on_cuda else WHOLE_PLAN_AFTER
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
@@ -253,9 +241,9 @@ class InferenceSession:
         if self.backend == "onnxruntime":
             if self._whole_model_runs(feeds):
                 return run_session(self._single.session.run, names, feeds)
-            if self._flat is not None:  # onnxruntime for all but the recurrent layer, as when batched
-                key = None if self._control_flow else (_input_signature(feeds),)
-                return self._run_batched(names, [feeds], key, {}, time.perf_counter())[0]
+            # onnxruntime for all but the recurrent layer, as when batched
+            key = None if self._control_flow else (_input_signature(feeds),)
+            return self._run_batched(names, [feeds], key, {}, time.perf_counter())[0]
         try:
             with work_limit(self.max_unrolled_nodes):
                 return self._interpreter.run(feeds, names)
@@ -306,7 +294,7 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
-        kept = key is not None and key in (self._flat_plans if self._flat is not None else self._plans)
+        kept = key is not None and key in self._flat_plans
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         at_once = self._at_once(checked) if way == ALONE else None
         begin = time.perf_counter()
@@ -327,37 +315,8 @@ class InferenceSession:
         # The union graph names instance k's values "i{k}/name", but keeps constants shared.
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
         width = len(names)
-        if self._flat is not None:
-            values = self._run_flat(key, checked, union_feeds, names, start)
-            return [values[k * width:(k + 1) * width] for k in range(len(checked))]
-        wanted = [name if name in self._constant_outputs else f"i{k}/{name}" for k in range(len(checked))
-                  for name in names]
-        plan = self._plans.get(key) if key is not None else None
-        cached = plan is not None
-        if plan is None:
-            result = self.plan(checked)
-            seconds["build"] = time.perf_counter() - start - sum(result.report.seconds.values())
-            seconds.update(result.report.seconds)
-            start = time.perf_counter()
-            plan = _Plan(result.report, result.graph, self._runner(result.graph, whole=False))
-            if key is not None:
-                self._plans[key] = plan
-            seconds["prepare"] = time.perf_counter() - start
-        plan.uses += 1
-        if self.backend == "onnxruntime" and plan.uses == WHOLE_PLAN_AFTER:
-            plan.runner = self._runner(plan.graph, whole=True)
-        before = (self.cache.stats.sessions_created, self.cache.stats.cache_hits) if self.backend == "onnxruntime" else (0, 0)
-        start = time.perf_counter()
-        flat = plan.runner.run(union_feeds, wanted)
-        seconds["execute"] = time.perf_counter() - start
-        self.stats = SessionStats(len(checked), plan.report, cached, seconds=seconds)
-        if isinstance(plan.runner, OrtExecutor):
-            self.stats.launches = plan.runner.stats.launches
-            self.stats.sessions_created = self.cache.stats.sessions_created - before[0]
-            self.stats.cache_hits = self.cache.stats.cache_hits - before[1]
-        else:
-            self.stats.launches = len(plan.runner.order)
-        return [flat[k * width:(k + 1) * width] for k in range(len(checked))]
+        values = self._run_flat(key, checked, union_feeds, names, start)
+        return [values[k * width:(k + 1) * width] for k in range(len(checked))]
 
     # A plan allocates many objects that live on, and a run many arrays: the collector's passes
     # would walk the whole heap (the model's graphs, every plan kept) again and again.
@@ -377,7 +336,7 @@ class InferenceSession:
                 self._flat_plans[key] = entry
         entry.uses += 1
         begin = time.perf_counter()
-        whole = self._whole_plan(key, entry, checked, union_feeds, names) if entry.uses >= WHOLE_PLAN_AFTER else None
+        whole = self._whole_plan(key, entry, checked, union_feeds, names) if entry.uses >= self.whole_plan_after else None
         seconds["prepare"] = time.perf_counter() - begin
         begin = time.perf_counter()
         if whole is not None:
@@ -392,13 +351,17 @@ class InferenceSession:
 
     def _whole_plan(self, key: tuple | None, entry: _FlatPlan, checked: list[dict[str, Any]],
                     union_feeds: dict[str, Any], names: list[str]) -> WholePlan | None:
-        """A kept plan's one onnxruntime session (``backends.whole_plan``), made on its second
-        use; None on NumPy, for a plan not kept, or one that cannot run so (said once in the log).
+        """A kept plan's one onnxruntime session (``backends.whole_plan``), made on its
+        ``whole_plan_after``-th use; None on NumPy, for a plan not kept, or one that cannot run so (said once in the log).
         It is planned again without padding: in one session a launch a length costs microseconds,
         less than padding does (``batcher.padding`` is for plans run a Python call a launch)."""
         if self.backend != "onnxruntime" or key is None or not self._whole_plans.size or entry.whole_refusal is not None:
             return None
         whole = self._whole_plans.get(key)
+        if whole is None and entry.whole_made:  # making sessions again and again costs more than it saves
+            entry.whole_refusal = f"its session was let go: more mixes recur than the {self._whole_plans.size} kept"
+            log.info("a batch plan of %s runs step by step from now on: %s", self.graph.name, entry.whole_refusal)
+            return None
         if whole is None:
             unpadded = self._flat_plan(None, checked, union_feeds, names, padded=False)
             entry.whole_refusal = whole_plan_refusal(unpadded.plan)
@@ -411,6 +374,7 @@ class InferenceSession:
                 log.info("a batch plan of %s runs step by step: %s", self.graph.name, entry.whole_refusal)
                 return None
             self._whole_plans[key] = whole
+            entry.whole_made = True
         return whole
 
     def _flat_plan(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
@@ -423,7 +387,7 @@ class InferenceSession:
         # not across unrolled instances, whose constants are their own.
         known = self._known_records if key is not None else None
         plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
-                            self.graph.opset_imports, self.batching.scheduler_name, known, apart=True, padded=padded,
+                            self.graph.opset_imports, self.scheduler, known, apart=True, padded=padded,
                             cache=self.templates)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
 
@@ -461,19 +425,6 @@ class InferenceSession:
         if records is None:
             records = self._instance_records[signature] = instance_records(self._typed_graph(feeds))
         return records
-
-    def plan(self, feeds_list: Sequence[Mapping[str, Any]]) -> PassResult:
-        """The batched graph for these instances (what ``run_batch`` runs), with its report."""
-        return self.batching(self.union(feeds_list))
-
-    def union(self, feeds_list: Sequence[Mapping[str, Any]]) -> Graph:
-        """One graph of these instances, each typed for its feeds (instance k's values ``i{k}/...``)."""
-        return Graph.union([self._typed_graph(check_feeds(self.graph, feeds)) for feeds in feeds_list])
-
-    def _runner(self, graph: Graph, whole: bool) -> Interpreter | OrtExecutor:
-        if self.backend == "onnxruntime":
-            return OrtExecutor(graph, self.cache, whole=whole or None)
-        return Interpreter(graph)
 
     def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
         names = list(output_names) if output_names is not None else list(self.graph.outputs)
@@ -561,32 +512,18 @@ def _session_cache(threads: int, providers: tuple[str, ...] | None) -> SessionCa
     return SessionCache(providers, threads=threads)
 
 
-def make_runner_factory(backend: str, threads: int = 0,
-                        providers: Sequence[str] | None = None) -> Callable[[Graph], Interpreter | OrtExecutor]:
-    """What runs a batched graph on ``backend``; onnxruntime sessions are shared by every
-    graph the factory makes a runner for."""
-    if backend == "numpy":
-        return Interpreter
-    if backend == "onnxruntime":
-        cache = shared_session_cache(threads, providers)
-        return lambda graph: OrtExecutor(graph, cache)
-    raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-
-
 def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | None = None, *,
-                  snapshots: WeightSnapshots) -> FlatExecutor | None:
-    """What runs flat plans on ``backend``, or None on CUDA: there the general path's batched
-    graph keeps values on the device between launches, where a flat plan's arenas are host
-    memory. On onnxruntime its templates bake the weights that ``snapshots`` (the caller's:
-    a session's own, or the one traced batches share) know to be stable."""
+                  snapshots: WeightSnapshots) -> FlatExecutor:
+    """What runs flat plans on ``backend``. On onnxruntime its templates bake the weights that
+    ``snapshots`` (the caller's: a session's own, or the one traced batches share) know to be
+    stable; on CUDA each step's values go to the device and back (a session's kept plans run
+    as one session instead: ``InferenceSession.whole_plan_after``)."""
     if backend == "numpy":
         # One padded call a layer: the NumPy layers skip finished sequences' rows, and their
         # cost is a Python step per time step (``backends/kernels/rnn.py``).
         return FlatExecutor(lambda template: Interpreter(template.graph).run_trusted, (backend,), sequence_chunk=None)
     if backend == "onnxruntime":
         cache = shared_session_cache(threads, providers)
-        if cache.on_cuda:
-            return None
         return FlatExecutor(lambda template: onnxruntime_template(template, cache), (backend, threads, cache.providers),
                             snapshots)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -666,15 +603,6 @@ def _tensor_types(proto: onnx.TypeProto) -> list:
         return [proto.tensor_type]
     inner = {"sequence_type": "elem_type", "optional_type": "elem_type", "map_type": "value_type"}.get(kind)
     return _tensor_types(getattr(getattr(proto, kind), inner)) if inner else []
-
-
-def _is_constant(graph: Graph, name: str) -> bool:
-    """An initializer, or the output of a Constant node (which batching turns into one)."""
-    if graph.values[name].is_shared:
-        return True
-    producer = graph.producer_of(name)
-    node = graph.nodes[producer[0]] if producer is not None else None
-    return node is not None and node.op_type == "Constant" and not node.domain and constant_value(node) is not None
 
 
 def plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[str, Any]) -> str:

@@ -14,18 +14,21 @@ import time
 import numpy as np
 
 from autobatch import arguments
-from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem
+from autobatch.batch import Batch
+from autobatch.batcher import SCHEDULERS, build_problem
 from autobatch.batcher.problem import problem_from
 from autobatch.batcher.rewrite import refusal
-from autobatch.ir import Graph
-from benchmarks.models import bilstm_workload, traced_graph, tree_lstm_workload
+from benchmarks.models import Workload, bilstm_workload, traced_graph, tree_lstm_workload
 
 
-def launches_table(name: str, graph: Graph, instances: int, source: str) -> None:
-    print(f"\n{name}: {instances} instances from {source}, {len(graph)} nodes")
+def launches_table(name: str, workload: Workload) -> None:
+    loss, instances, params, source = workload
+    print(f"\n{name}: {len(instances)} instances from {source}")
     print(f"  {'scheduler':<10}{'launches':>10}{'lower bound':>13}{'ratio':>8}{'fallback':>10}{'gathers':>9}{'avoided':>9}")
     for scheduler in SCHEDULERS:
-        report = BatchingPass(scheduler)(graph).report
+        with Batch(scheduler=scheduler) as batch:
+            report = batch.plan([loss(x, params) for x in instances]).report  # planned, not run
+            batch.discard()
         print(f"  {scheduler:<10}{report.launches:>10}{report.lower_bound:>13}{report.ratio:>8.2f}"
               f"{report.fallback_nodes:>10}{report.gathers:>9}{report.gathers_avoided:>9}")
 
@@ -74,7 +77,7 @@ def main() -> None:
     chain_cost(args.chain_depths)
     for name, workload in (("Tree-LSTM (primitive ops)", tree_lstm_workload(args.minibatch)),
                            ("BiLSTM tagger (primitive ops)", bilstm_workload(args.minibatch))):
-        launches_table(name, traced_graph(workload), args.minibatch, workload[3])
+        launches_table(name, workload)
     scheduler_cost(args.big_nodes)
 
 

@@ -429,12 +429,9 @@ def time_split(r: Record) -> str:
     total = r.seconds
     batching = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in r.batching_detail.items())
     e = r.exec_detail
-    if e:
-        rest = r.exec_s - sum(e.values())
-        execution = (f"gathers {e['gather'] * 1e3:.1f} ms, template runs (kernels) {e['kernels'] * 1e3:.1f} ms, "
-                     f"arena writes {e['scatter'] * 1e3:.1f} ms, results and pruning {rest * 1e3:.1f} ms")
-    else:
-        execution = "the general path: no split"
+    rest = r.exec_s - sum(e.values())
+    execution = (f"gathers {e.get('gather', 0) * 1e3:.1f} ms, template runs (kernels) {e.get('kernels', 0) * 1e3:.1f} ms, "
+                 f"arena writes {e.get('scatter', 0) * 1e3:.1f} ms, results and pruning {rest * 1e3:.1f} ms")
     return (f"{r.task} {r.variant}, {r.backend}: {total * 1e3:.0f} ms = tracing {r.trace_s * 1e3:.0f} ms "
             f"({100 * r.trace_s / total:.0f}%) + batching {r.batching_s * 1e3:.0f} ms ({100 * r.batching_s / total:.0f}%: "
             f"{batching}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: {execution}); "

@@ -3,8 +3,8 @@ different lengths step by step.
 
     python -m autobatch.examples.loop_rnn
 
-Each instance's Loop is unrolled for its own length (``unroll_instance``), the instances are
-united into one graph and batched; every result is checked against onnxruntime on the original
+Each instance's Loop is unrolled for its own length (``unroll_instance``, inside
+``InferenceSession.run_batch``) and the instances are batched by one plan; every result is checked against onnxruntime on the original
 model, and the time is compared with running each instance alone on the NumPy interpreter.
 """
 
@@ -17,10 +17,9 @@ import onnx
 import onnxruntime
 
 from autobatch import arguments
-from autobatch.backends import Interpreter, evaluate
-from autobatch.batcher import BatchingPass
-from autobatch.frontends import unroll_instance
-from autobatch.ir import Graph, from_onnx
+from autobatch.backends import Interpreter
+from autobatch.ir import from_onnx
+from autobatch.session import InferenceSession
 from autobatch.ir.onnx_io import choose_ir_version
 
 D, H, INSTANCES, MAX_LENGTH = 16, 32, 32, 40
@@ -71,16 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     instances = [{"x": rng.standard_normal((t, D)).astype(np.float32), "h0": np.zeros(H, np.float32)}
                  for t in lengths]
 
-    seconds = {"unroll": time.perf_counter()}
-    unrolled = [unroll_instance(graph, feeds, evaluate) for feeds in instances]
-    seconds["batch"] = time.perf_counter()
-    result = BatchingPass("level")(Graph.union(unrolled))
-    seconds["run"] = time.perf_counter()
-    feeds = {f"i{k}/{name}": value for k, inst in enumerate(instances) for name, value in inst.items()}
-    flat = dict(zip(result.graph.outputs, Interpreter(result.graph).run(feeds)))
-    phases = list(seconds.items()) + [("", time.perf_counter())]
-    timing = ", ".join(f"{name} {(phases[i + 1][1] - t) * 1e3:.0f}" for i, (name, t) in enumerate(phases[:-1]))
-    batched_seconds = phases[-1][1] - phases[0][1]
+    batching = InferenceSession(model, alone_when_faster=False)  # NumPy; each instance's Loop unrolled
+    start = time.perf_counter()
+    batched = batching.run_batch(None, instances)
+    batched_seconds = time.perf_counter() - start
+    timing = ", ".join(f"{name} {seconds * 1e3:.0f}" for name, seconds in batching.stats.seconds.items())
 
     start = time.perf_counter()
     alone = Interpreter(graph)  # the Loop runs on onnx.reference, one instance at a time
@@ -89,16 +83,16 @@ def main(argv: list[str] | None = None) -> None:
     alone_seconds = time.perf_counter() - start
 
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for k, inst in enumerate(instances):
-        for name, want in zip(graph.outputs, session.run(None, inst)):
-            np.testing.assert_allclose(flat[f"i{k}/{name}"], want, rtol=1e-5, atol=1e-6)
+    for inst, outputs in zip(instances, batched):
+        for got, want in zip(outputs, session.run(None, inst)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
-    report = result.report
+    report = batching.stats.report
     print(f"instances          {len(instances)} (lengths {min(lengths)}..{max(lengths)})")
     print(f"total steps        {sum(lengths)} ({sum(lengths) * OPS_PER_STEP} ops one by one)")
     print(f"launches           {report.launches}")
     print(f"lower bound        {report.lower_bound}")
-    print(f"unroll+batch+run   {batched_seconds * 1e3:.1f} ms ({timing} ms)")
+    print(f"run_batch          {batched_seconds * 1e3:.1f} ms ({timing} ms)")
     print(f"each alone (NumPy) {alone_seconds * 1e3:.1f} ms")
     print("every instance equals onnxruntime on the original model")
 

@@ -28,8 +28,7 @@ def fold_tree(leaf: Cell, node: Cell, leaves: Tensor, children: Sequence[tuple[i
     ``children[k]`` is None for a leaf, else the indices of node k's children, both before k
     (or ``children`` is an int array ``[nodes, 2]``, ``LEAF`` = -1 twice for a leaf). Leaves
     given as ids (ints ``[L]``, the leaf cell reading one) are run once an id a batch.
-    Returns each state of every node, in node order: ``[len(children), *state_shape]``. The
-    flat path runs it (``Batch(flat=True)``, the default, on the CPU)."""
+    Returns each state of every node, in node order: ``[len(children), *state_shape]``."""
     (rows,) = _tensors(FOLD_TREE, leaves)
     batch = rows.batch
     if rows.ndim < 1 or not rows.shape[0]:

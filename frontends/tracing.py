@@ -434,8 +434,7 @@ class Tracer:
     def _graph(self, records: list[Record], needed: set[str], wanted: list[str]) -> Graph:
         """The IR graph of ``records`` (those that lead to ``wanted``), built in bulk."""
         if any(record.domain == FOLD_DOMAIN for record in records):
-            raise TraceError("a tree fold (fold_tree) runs on the flat plan only; Batch(flat=False) and CUDA "
-                             "take the general path")
+            raise TraceError("a tree fold (fold_tree) has no IR graph: it runs only batched, by the plan")
         graph = Graph("batch", self._opsets())
         graph.functions = dict(self.functions)
         for name in sorted(needed & self._weights.keys()):

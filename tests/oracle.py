@@ -50,3 +50,21 @@ def assert_batched_equals_alone(session: Any, feeds_list: Sequence[Mapping[str, 
         for j, (b, a) in enumerate(zip(outputs, alone)):
             assert_same(b, a, rtol, atol, f"{what} instance {k} output {j}")
     return batched
+
+
+def traced_alone(fn: Any, instance: Any) -> Any:
+    """``fn(tracer, instance)`` (a tensor or a list of them) traced for this instance alone,
+    each run of its pending records an IR graph run by the NumPy interpreter, unbatched: what a
+    batch must equal, apart from the planner that batches it."""
+    from autobatch.backends import Interpreter
+    from autobatch.frontends.tracing import Tracer
+
+    class Unbatched(Tracer):
+        def _execute(self, wanted: list) -> list:
+            return Interpreter(self.graph_of(wanted)).run({}, [t.name for t in wanted])
+
+    with Unbatched() as tracer:
+        out = fn(tracer, instance)
+        tensors = list(out) if isinstance(out, (list, tuple)) else [out]
+        values = tracer.run(tensors)
+    return values if isinstance(out, (list, tuple)) else values[0]

@@ -3,7 +3,7 @@
 Every node case of the installed onnx (not only ops with a batching rule: an op without one
 runs one instance at a time inside the plan, where it must read each instance's own values)
 goes through ``InferenceSession.run_batch`` as K instances, float inputs perturbed by a little
-seeded noise, on both backends, by the flat path (and, while it exists, the general one). Each
+seeded noise, on both backends, by the one plan. Each
 instance's outputs must equal that instance run alone with ``InferenceSession.run``
 (``tests.oracle``). A batch that raises fails, and so does a one-instance run that raises,
 unless the case is excluded below with its reason: on onnxruntime those are onnxruntime's own
@@ -148,14 +148,12 @@ def _variants(case) -> list[str]:
     return ["per_instance"]
 
 
-# The general path (while it lasts) runs the per-instance variant only.
-PARAMS = [pytest.param(case, variant, path, id=f"{case.name}-{variant}-{path}") for case in CASES
-          for variant in _variants(case) for path in (("flat", "general") if variant == "per_instance" else ("flat",))]
+PARAMS = [pytest.param(case, variant, id=f"{case.name}-{variant}") for case in CASES for variant in _variants(case)]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-@pytest.mark.parametrize(("case", "variant", "path"), PARAMS)
-def test_batched_equals_alone(case, variant: str, path: str, backend: str) -> None:
+@pytest.mark.parametrize(("case", "variant"), PARAMS)
+def test_batched_equals_alone(case, variant: str, backend: str) -> None:
     if _random(case.model, backend):
         SUMMARY[f"excluded ({backend}): draws random numbers anew every run, so no two runs agree"] += 1
         pytest.skip("draws random numbers anew every run")
@@ -178,7 +176,7 @@ def test_batched_equals_alone(case, variant: str, path: str, backend: str) -> No
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            session = InferenceSession(model, backend=backend, flat=path == "flat")
+            session = InferenceSession(model, backend=backend)
             alone = [session.run(None, feeds) for feeds in feeds_list]
         except Exception as error:  # noqa: BLE001 - sorted below: excused with its reason, or a failure
             why = _excused(backend, case, error, feeds_list)
@@ -191,10 +189,10 @@ def test_batched_equals_alone(case, variant: str, path: str, backend: str) -> No
     for k in range(K):
         assert len(batched[k]) == len(alone[k])
         for j, (b, a) in enumerate(zip(batched[k], alone[k])):
-            assert_same(b, a, rtol, atol, f"{case.name} ({variant}, {backend}, {path}) instance {k} output {j}")
+            assert_same(b, a, rtol, atol, f"{case.name} ({variant}, {backend}) instance {k} output {j}")
     report = session.stats.report
     assert report.launches >= report.lower_bound
-    SUMMARY[f"ran ({path})"] += 1
+    SUMMARY["ran"] += 1
     SUMMARY["nodes"] += report.nodes
     SUMMARY["launches"] += report.launches
     SUMMARY["nodes run one at a time"] += report.fallback_nodes
@@ -204,8 +202,8 @@ def test_batched_equals_alone(case, variant: str, path: str, backend: str) -> No
 def _print_summary(request: pytest.FixtureRequest):
     yield
     counts = "; ".join(f"{key}: {count}" for key, count in sorted(SUMMARY.items()))
-    line = f"batched node suite (K={K}, {len(CASES)} cases, {len(PARAMS)} runs a backend with shared-input variants " \
-           f"and paths): {counts}"
+    line = f"batched node suite (K={K}, {len(CASES)} cases, {len(PARAMS)} runs a backend with shared-input variants): " \
+           f"{counts}"
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     if capture is not None and reporter is not None:

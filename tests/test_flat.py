@@ -1,8 +1,8 @@
-"""The flat path of traced batches (``Batch(flat=True)``: ``batcher/flat.py`` plans straight
+"""Traced batches on the one plan (``Batch``: ``batcher/flat.py`` plans straight
 from the trace records, ``backends/flat_executor.py`` runs the plan).
 
-Oracle: the flat path, the general path (``flat=False``: IR graph + BatchingPass) and every
-instance run alone give equal results (DESIGN.md, correctness contract): exact for integers,
+Oracle: the batch and every instance traced alone and run unbatched (``tests.oracle.traced_alone``)
+give equal results (DESIGN.md, correctness contract): exact for integers,
 ``rtol=1e-5, atol=1e-6`` for float32. Also: templates are cached across batches, duplicates run
 once, batches the flat path does not cover fall back with a reason, errors stay clear, and
 contiguous rows are read as views.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from autobatch import Batch, Parameter, TraceError, cell, ops
-from autobatch.batcher import SCHEDULERS, PassResult
+from autobatch.batcher import SCHEDULERS
 from autobatch import batch as batch_module
 from autobatch.batch import TRACED_TEMPLATES
 from autobatch.batcher.plan import LITERALS, FlatPlan, Template, TemplateCache
@@ -28,7 +28,7 @@ from autobatch.datasets import Tree
 from autobatch.frontends.cells import CELL_DOMAIN
 from autobatch.frontends.tracing import attributes
 from tests.example_models import model
-from tests.oracle import assert_same
+from tests.oracle import assert_same, traced_alone
 
 BACKENDS = ("numpy", "onnxruntime")
 
@@ -43,10 +43,10 @@ def assert_all_same(got, want, what=""):
             assert_same(g, w, what=f"{what} instance {k}")
 
 
-def batched(fn, instances, backend="numpy", flat_path=True, scheduler="level", reuse_calls=True):
+def batched(fn, instances, backend="numpy", scheduler="level", reuse_calls=True):
     """``fn(batch, instance)`` -> a tensor or a list of tensors, for every instance in one
     batch. Returns (per-instance values as copies, the batch)."""
-    with Batch(backend=backend, scheduler=scheduler, flat=flat_path, reuse_calls=reuse_calls) as batch:
+    with Batch(backend=backend, scheduler=scheduler, reuse_calls=reuse_calls) as batch:
         outs = [fn(batch, x) for x in instances]
         flat_outs = [t for o in outs for t in (o if isinstance(o, (list, tuple)) else [o])]
         values = [np.array(v) for v in batch.run(flat_outs)]
@@ -58,9 +58,8 @@ def batched(fn, instances, backend="numpy", flat_path=True, scheduler="level", r
     return result, batch
 
 
-def alone(fn, instances, backend="numpy"):
-    """Each instance in a batch of its own (the general path: the established oracle)."""
-    return [batched(fn, [x], backend=backend, flat_path=False)[0][0] for x in instances]
+def alone(fn, instances):
+    return [traced_alone(fn, x) for x in instances]
 
 
 def assert_flat_ran(batch):
@@ -70,12 +69,6 @@ def assert_flat_ran(batch):
     assert set(report.seconds) == {"analyse", "schedule", "plan"}
     assert set(report.execution) == {"gather", "kernels", "scatter"}
     assert all(seconds >= 0 for seconds in report.execution.values())
-
-
-def assert_general_ran(batch):
-    assert isinstance(batch.last_plan, PassResult)
-    assert batch.reports[-1] is batch.last_plan.report
-    assert set(batch.reports[-1].seconds) == {"analyse", "schedule", "rewrite", "build"}  # building the graph too
 
 
 # ----------------------------------------------------------------------------- 1. the examples
@@ -95,25 +88,44 @@ def example_alone(name, form):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("form", ["primitive", "cells"])
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_examples_flat_equals_general_equals_alone(name, form, backend):
+def test_examples_batched_equal_alone(name, form, backend):
     module, instances, params = model(name)
     loss = module.LOSSES[form]
     fn = lambda batch, x: loss(x, params)
     on_flat, flat_batch = batched(fn, instances, backend=backend)
-    on_general, general_batch = batched(fn, instances, backend=backend, flat_path=False)
     one_by_one = example_alone(name, form)
 
     assert_flat_ran(flat_batch)
-    assert_general_ran(general_batch)
     assert len({float(v) for v in one_by_one}) == len(one_by_one), "instances should differ"
     assert_all_same(on_flat, one_by_one, "flat vs alone")
-    assert_all_same(on_general, one_by_one, "general vs alone")
-    assert_all_same(on_flat, on_general, "flat vs general")
 
-    flat_report, general_report = flat_batch.last_plan.report, general_batch.last_plan.report
-    assert flat_report.nodes == general_report.nodes  # the same traced ops
+    flat_report = flat_batch.last_plan.report
     assert flat_report.lower_bound <= flat_report.launches < flat_report.nodes
     assert flat_report.fallback_nodes == 0
+
+
+@pytest.mark.parametrize("form", ["primitive", "cells", "fold"])
+def test_a_traced_batchs_plan_as_one_onnx_model_computes_what_the_batch_does(form):
+    """``Batch.plan_model``: the plan of pending tensors lowered to one ONNX model (the demo
+    writes it), tree folds included; onnxruntime's run of it gives every tree's loss."""
+    import onnx
+    import onnxruntime
+
+    module, trees, params = model("tree_lstm")
+    loss = module.LOSSES[form]
+    with Batch() as batch:
+        losses = [loss(t, params) for t in trees]
+        lowered = batch.plan_model(losses)
+        got = batch.run(losses)
+    onnx.checker.check_model(lowered, full_check=True)
+    assert not lowered.graph.input and [o.name for o in lowered.graph.output] == [t.name for t in losses]
+    session = onnxruntime.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert_all_same(session.run(None, {}), got, "the lowered plan on onnxruntime vs the batch")
+    assert_all_same(got, example_alone("tree_lstm", "cells" if form == "fold" else form))  # a fold computes the cells
+    with Batch() as batch, pytest.raises(TraceError, match="pending tensors"):
+        done = loss(trees[0], params)
+        batch.run([done])
+        batch.plan_model([done])
 
 
 # ----------------------------------------------------------------------------- 2. random programs
@@ -246,7 +258,7 @@ def programs(draw):
 @settings(max_examples=int(os.environ.get("AUTOBATCH_PROPERTY_EXAMPLES", "25")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
-def test_random_programs_flat_equals_general_equals_alone(case):
+def test_random_programs_batched_equal_alone(case):
     dtype, scheduler, instances = case
     fn = lambda batch, program: trace_program(batch, program, dtype)
     one_by_one = alone(fn, instances)
@@ -254,8 +266,6 @@ def test_random_programs_flat_equals_general_equals_alone(case):
     # part to N rows) must also be right for another.
     for subset in (instances, instances[1:]):
         want = one_by_one[len(instances) - len(subset):]
-        on_general, _ = batched(fn, subset, flat_path=False, scheduler=scheduler)
-        assert_all_same(on_general, want, "general vs alone")
         for backend in BACKENDS:
             if backend == "onnxruntime" and dtype == "int64" and any(
                     op.startswith("esum") for _, steps in subset for op, *_ in steps):
@@ -324,7 +334,6 @@ def test_sums_of_a_variable_number_of_terms(backend):
     assert any(len(set(np.diff(s.offsets))) > 1 for s in sums)  # members of different term counts
     for values, xs in zip(got, data):
         assert_all_same(values, reference(xs))
-    assert_all_same(got, batched(fn, data, backend=backend, flat_path=False)[0])
     assert_all_same(got, alone(fn, data))
 
 
@@ -449,9 +458,7 @@ def test_ops_on_shared_values_only_run_once(backend, instances, reuse_calls):
     for (value, shared), x in zip(got, data):
         assert_same(shared, np.tanh(S.array))
         assert_same(value, (x * np.tanh(S.array)) @ W.array)
-    on_general, general = batched(fn, data, backend=backend, flat_path=False, reuse_calls=reuse_calls)
-    assert_all_same(got, on_general)
-    assert general.last_plan.report.merged_duplicates == report.merged_duplicates
+    assert_all_same(got, alone(fn, data))
 
 
 @pytest.mark.parametrize("reuse_calls", [True, False])
@@ -466,16 +473,13 @@ def test_duplicate_cells_and_multi_output_ops_on_shared_values(reuse_calls):
 
     got, batch = batched(fn, data, reuse_calls=reuse_calls)
     assert_flat_ran(batch)
-    on_general, general = batched(fn, data, flat_path=False, reuse_calls=reuse_calls)
     if reuse_calls:  # the cell, the Slice and the Split are traced once, by the first instance
         assert batch.reused_calls == 3 * (len(data) - 1) and batch.last_plan.report.merged_duplicates == 0
     else:
         # the cell and the Slice merge; the Split reads the Slice's output, which counts as a
-        # value of each instance, so it is batched over copies of one row (as on the general path)
-        assert batch.last_plan.report.merged_duplicates >= 2 * (len(data) - 1)
-    assert batch.last_plan.report.merged_duplicates == general.last_plan.report.merged_duplicates
+        # value of each instance, so it is batched over copies of one row
+        assert batch.last_plan.report.merged_duplicates == 2 * (len(data) - 1)
     assert_all_same(got, alone(fn, data))
-    assert_all_same(got, on_general)
 
 
 # ----------------------------------------------------------------------------- 5. fallback
@@ -534,13 +538,6 @@ def test_values_without_an_arena_are_loose_on_the_flat_path():  # NumPy: onnxrun
         assert batch.reports[-1].alone == {"Cast: FLOAT8E4M3FN[4] values are not stacked": 6}
         for value, x in zip(values, data):
             assert_same(value, x.astype(float8).astype(np.float32))
-
-
-def test_flat_false_always_takes_the_general_path():
-    got, batch = batched(rnn, sequences([2, 3], seed=5), flat_path=False)
-    assert_general_ran(batch)
-    for value, sequence in zip(got, sequences([2, 3], seed=5)):
-        assert_same(value, rnn_reference(sequence))
 
 
 # ----------------------------------------------------------------------------- 6. errors
@@ -649,8 +646,7 @@ def test_literals_are_stacked_from_their_values_and_placed_only_beside_computed_
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_integer_and_boolean_values_are_exact(backend):
-    """Integer arithmetic, comparisons to booleans and casts back, flat = general = alone,
-    exactly."""
+    """Integer arithmetic, comparisons to booleans and casts back, batched = alone, exactly."""
     data = [np.arange(D, dtype=np.int64) * (k - 2) for k in range(5)]
 
     def fn(batch, x):
@@ -667,7 +663,7 @@ def test_integer_and_boolean_values_are_exact(backend):
     for values, x in zip(got, data):
         product = (x * 3 - 1) @ I["W"].array
         assert_all_same(values, [product, product > 0, product <= 0, (product <= 0).astype(np.int64) + product])
-    assert_all_same(got, batched(fn, data, backend=backend, flat_path=False)[0])
+    assert_all_same(got, alone(fn, data))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -687,20 +683,16 @@ def test_float64_values(backend):
 
 
 # ----------------------------------------------------------------------------- regressions
-# A rank-0 value came back as a NumPy scalar copied out of its arena on the flat path, a 0-d
-# array view on the general path.
+# A rank-0 value came back as a NumPy scalar copied out of its arena, not a 0-d array.
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_rank_0_values_are_arrays_on_both_paths(backend):
+def test_rank_0_values_are_arrays(backend):
     def fn(batch, x):
         return ops.reduce_sum(batch.constant(x))
 
     data = [_f32(D) for _ in range(3)]
-    with Batch(backend=backend, flat=False) as batch:
-        general = batch.run([fn(batch, x) for x in data])
     with Batch(backend=backend) as batch:
         flat_values = batch.run([fn(batch, x) for x in data])
     assert_flat_ran(batch)
-    assert all(type(v) is np.ndarray and v.shape == () for v in general)
     assert all(type(v) is np.ndarray and v.shape == () for v in flat_values), [type(v) for v in flat_values]
 
 
@@ -752,9 +744,8 @@ def noisy(x):  # a cell calling a random op: every call must draw anew
     return current_batch().record("RandomNormalLike", [x], [x.shape], [x.dtype])[0] + x
 
 
-@pytest.mark.parametrize("flat_path", [True, False])
-def test_a_cell_calling_a_random_op_is_neither_batched_nor_merged(flat_path):
-    with Batch(flat=flat_path) as batch:
+def test_a_cell_calling_a_random_op_is_neither_batched_nor_merged():
+    with Batch() as batch:
         shared = batch.parameter(F["S"])  # the same input for every instance: duplicates, if random were ignored
         draws = batch.run([noisy(shared) for _ in range(4)])
     report = batch.reports[-1]

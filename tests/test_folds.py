@@ -126,14 +126,6 @@ def test_cells_whose_states_disagree_are_refused():
             fold_tree(leaf, node, batch.constant(np.zeros((2, D), np.float32)), [None, None, (0, 1)])
 
 
-def test_the_general_path_says_a_fold_needs_the_flat_path():
-    leaf, node = cells()
-    with Batch(flat=False) as batch:
-        h, _ = fold_tree(leaf, node, batch.constant(np.zeros((2, D), np.float32)), [None, None, (0, 1)])
-        with pytest.raises(TraceError, match="flat plan only"):
-            batch.run([h])
-
-
 def test_leaves_given_as_ids_run_once_an_id(backend):
     """A leaf cell reading a word id (its lookup inside): each distinct id runs once a batch,
     and every leaf gets its id's states. Children may be an int array, LEAF for a leaf."""

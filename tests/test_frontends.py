@@ -408,9 +408,8 @@ def test_run_programs_into_a_batch_of_ones_own():
     assert batch.reports and all(r.launches >= r.lower_bound for r in batch.reports)
 
 
-@pytest.mark.parametrize("flat", [True, False])
-def test_equal_python_scalars_share_one_literal_and_keep_their_type_and_sign(flat: bool) -> None:
-    with Batch(flat=flat) as batch:
+def test_equal_python_scalars_share_one_literal_and_keep_their_type_and_sign() -> None:
+    with Batch() as batch:
         labels = [batch.constant(k % 3) for k in range(9)]
         assert labels[0] is labels[3] and labels[0] is not labels[1]
         zero, negative_zero = batch.constant(0.0), batch.constant(-0.0)

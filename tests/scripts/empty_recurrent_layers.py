@@ -1,5 +1,4 @@
-"""Recurrent layers over no steps or no sequences, alone and batched, by both paths on onnxruntime,
-each equal to the NumPy backend; prints "ok". Run in a process of its own: onnxruntime aborts the
+"""Recurrent layers over no steps or no sequences, alone and batched, on onnxruntime, each equal to the NumPy backend; prints "ok". Run in a process of its own: onnxruntime aborts the
 process on such layers where it is handed them."""
 
 import numpy as np
@@ -19,13 +18,12 @@ for op, gates in (("LSTM", 4), ("GRU", 3), ("RNN", 1)):
         onnx.numpy_helper.from_array(rng.standard_normal((1, gates * 2, 2)).astype(np.float32), "R")])
     feeds = [{"x": rng.standard_normal(shape).astype(np.float32)} for shape in SHAPES]
     want = InferenceSession(model, backend="numpy")
-    for flat in (True, False):
-        session = InferenceSession(model, backend="onnxruntime", flat=flat)
-        for instance in feeds:
-            for got, expected in zip(session.run(None, instance), want.run(None, instance)):
-                assert_same(got, expected, what=f"{op} alone {instance['x'].shape}")
-        for group in (feeds, feeds[:3], feeds[1:2]):
-            for outputs, instance in zip(session.run_batch(None, group), group):
-                for got, expected in zip(outputs, want.run(None, instance)):
-                    assert_same(got, expected, what=f"{op} batched {instance['x'].shape} (flat={flat})")
+    session = InferenceSession(model, backend="onnxruntime")
+    for instance in feeds:
+        for got, expected in zip(session.run(None, instance), want.run(None, instance)):
+            assert_same(got, expected, what=f"{op} alone {instance['x'].shape}")
+    for group in (feeds, feeds[:3], feeds[1:2]):
+        for outputs, instance in zip(session.run_batch(None, group), group):
+            for got, expected in zip(outputs, want.run(None, instance)):
+                assert_same(got, expected, what=f"{op} batched {instance['x'].shape}")
 print("ok")
