@@ -9,6 +9,7 @@ template to run, and the rows its outputs fill.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,18 +78,36 @@ class TemplateCache:
     specs), and the cell functions whose ids are part of those keys (kept alive with them: a new
     function given a dead one's id would otherwise find their entries). Owned by whoever runs
     the plans (each ``InferenceSession``; ``autobatch.batch.TRACED_TEMPLATES`` for traced
-    batches), since templates keep the runs their executors prepared; ``make_room`` empties it
-    between plans once it holds ``size`` keys."""
+    batches), since templates keep the runs their executors prepared. ``make_room``, between
+    plans, keeps the ``size // 2`` most recently used once it holds ``size`` keys (emptying it
+    would make a server prepare every template of its next batches again at once), and empties
+    it once ``size`` functions were seen (a function's id may be reused once it is gone)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self.templates: dict[tuple, Template | str | None] = {}
+        self.templates: _UsedLast = _UsedLast()
         self.functions: dict[int, Any] = {}
 
     def make_room(self) -> None:
-        if len(self.templates) >= self.size:
+        if len(self.functions) >= self.size:
             self.templates.clear()
             self.functions.clear()
+        if len(self.templates) >= self.size:
+            while len(self.templates) > self.size // 2:
+                self.templates.popitem(last=False)
+
+
+class _UsedLast(OrderedDict):
+    """Templates by key, the most recently read or written last; entries go only in
+    ``TemplateCache.make_room``, so none goes between a plan's lookups."""
+
+    def __getitem__(self, key: Any) -> Any:
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
 
 
 @dataclass(frozen=True)

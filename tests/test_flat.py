@@ -751,3 +751,20 @@ def test_a_cell_calling_a_random_op_is_neither_batched_nor_merged():
     report = batch.reports[-1]
     assert report.merged_duplicates == 0 and report.launches == 4 == report.fallback_nodes
     assert len({v.tobytes() for v in draws}) == 4  # four independent draws
+
+
+def test_a_full_template_cache_keeps_its_most_recently_used_half():
+    """A server's templates (each with its prepared onnxruntime session) must not all go at once:
+    a full cache keeps the half used last; seen functions past its size empty it (a function's id
+    may be reused once it is gone, and keys hold ids)."""
+    cache = TemplateCache(size=4)
+    for k in range(4):
+        cache.templates[("op", k)] = f"template {k}"
+    assert cache.templates[("op", 0)] == "template 0" and cache.templates.get(("op", 1)) == "template 1"
+    cache.make_room()
+    assert list(cache.templates) == [("op", 0), ("op", 1)]  # read last; 2 and 3 went
+    cache.make_room()  # not full: nothing goes
+    assert len(cache.templates) == 2
+    cache.functions.update({k: object() for k in range(4)})
+    cache.make_room()
+    assert not cache.templates and not cache.functions
