@@ -24,7 +24,7 @@ from autobatch.batcher.flat import plan_records
 from autobatch.batcher.instances import instance_records, mix_records
 from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE
-from autobatch.batcher.rewrite import refusal
+from autobatch.batcher.node_rules import refusal
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView

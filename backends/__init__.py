@@ -1,12 +1,11 @@
-"""Backends that execute IR graphs: the NumPy reference interpreter and onnxruntime."""
+"""Backends that execute IR graphs and plans: the NumPy reference interpreter and onnxruntime."""
 
 from autobatch.backends.interpreter import FeedError, Interpreter, NodeExecutionError, evaluate
 from autobatch.backends.numpy_backend import NumpyBackend, NumpyBackendRep
 from autobatch.backends.ort_backend import OrtBackend, OrtBackendRep
-from autobatch.backends.ort_executor import OrtExecutor
 from autobatch.backends.ort_runtime import SessionCache, default_providers
 
 __all__ = [
     "FeedError", "Interpreter", "evaluate", "NodeExecutionError", "NumpyBackend", "NumpyBackendRep", "OrtBackend",
-    "OrtBackendRep", "OrtExecutor", "SessionCache", "default_providers",
+    "OrtBackendRep", "SessionCache", "default_providers",
 ]

@@ -13,16 +13,14 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from dataclasses import dataclass
 
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from autobatch.backends.nan_reductions import propagate_nans
-from autobatch.ir import Recent
 from autobatch.ir.limits import DeadlineExceeded, remaining
 from autobatch.ir.onnx_io import max_onnxruntime_ir_version
 
@@ -30,7 +28,6 @@ log = logging.getLogger("autobatch.onnxruntime")
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
-SESSIONS_KEPT = 512  # sessions a cache keeps, most recently used first (ever new structures would only grow it)
 
 
 def check_one_onnxruntime() -> None:
@@ -236,38 +233,14 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     return options
 
 
-@dataclass
-class CacheStats:
-    sessions_created: int = 0
-    cache_hits: int = 0
-    seconds_creating: float = 0.0
-
-
 class SessionCache:
-    """Sessions keyed by structure, created on first use; the ``SESSIONS_KEPT`` most recently
-    used are kept."""
+    """onnxruntime's execution providers and session options, shared by the sessions that a
+    backend makes (a template's, a whole plan's); the sessions are kept by their owners."""
 
     def __init__(self, providers: Sequence[str] | None = None, threads: int = 0) -> None:
         self.providers = tuple(providers) if providers is not None else default_providers()
         self.options = session_options(threads)
-        self.stats = CacheStats()
-        self._sessions: Recent = Recent(SESSIONS_KEPT)
 
     @property
     def on_cuda(self) -> bool:
         return self.providers[0] == CUDA
-
-    def get(self, key: Hashable, build: Callable[[], onnx.ModelProto]) -> ort.InferenceSession:
-        session = self._sessions.get(key)
-        if session is not None:
-            self.stats.cache_hits += 1
-            return session
-        start = time.perf_counter()
-        session = new_session(build(), self.options, self.providers)
-        self.stats.seconds_creating += time.perf_counter() - start
-        self.stats.sessions_created += 1
-        self._sessions[key] = session
-        return session
-
-    def __len__(self) -> int:
-        return len(self._sessions)

@@ -1,9 +1,7 @@
-"""Batching straight from trace records to a flat plan: the fast path of traced batches.
+"""The planner: records (traced ops, or an ONNX model's nodes per instance) straight to a plan.
 
-The general path builds an IR graph of every instance, signs its nodes, schedules them and
-rewrites the schedule into a batched IR graph that a backend prepares and runs: several
-Python objects and steps per traced op, most of the time of a traced batch. Here each record
-arrives with a signature key and its predecessors (made while tracing), is scheduled by the
+No batched IR graph is built (that cost several Python objects and steps a traced op, most of
+a traced batch's time, on the older path this replaced). Each record arrives with a signature key and its predecessors (made while tracing), is scheduled by the
 same schedulers, and each signature class is batched by its rule ONCE into a small *template*
 graph over a symbolic batch size ``N``, kept across batches. The plan is a list of steps: the
 arena rows each stacked operand reads (a view when contiguous, else one gather), the template
@@ -38,16 +36,15 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
-from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.functions import Functions
 from autobatch.batcher.padding import Padding, padded_chunks, padding
-from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, FlatPlan, Kind, NotFlat, Padded,
-                                    Pieces, RowReduction, Rows, Runs, Shaped, Step, Template, TemplateCache,
-                                    Unpadded)
+from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, BatchReport, Block, FlatPlan, Kind,
+                                    NotFlat, Padded, Pieces, RowReduction, Rows, Runs, Shaped, Step, Template,
+                                    TemplateCache, Unpadded)
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
-from autobatch.batcher.rewrite import MIN_STACKING_OPSET, RANDOM
+from autobatch.batcher.node_rules import MIN_STACKING_OPSET, RANDOM
 from autobatch.batcher.rules import Refusal
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.batcher.sequences import SEQUENCE_LENS, zero_states

@@ -85,7 +85,9 @@ def instance_records(graph: Graph) -> InstanceRecords:
         # than these records live, and an id could come back for other attributes. So it holds
         # small constants by content too: one folded from an input's shape has the same name in
         # the graph of every input signature, but not the same value.
-        key = (node.domain, node.op_type, attributes_key(node.attributes), _signed(entries, weights), captured)
+        # ... and which optional outputs the node wants: a class's template makes those of its first
+        key = (node.domain, node.op_type, attributes_key(node.attributes), _signed(entries, weights), captured,
+               tuple(map(bool, node.outputs)))
         records.append(Record(node.op_type, node.domain, node.inputs, node.outputs, node.attributes, types,
                               entries, key, preds, captured=captured))
         producer.update((name, i) for name in node.outputs if name)

@@ -10,13 +10,13 @@ template to run, and the rows its outputs fill.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper
 
-from autobatch.batcher.batching_pass import BatchReport
 from autobatch.batcher.folds import Level
 from autobatch.batcher.sequences import Chunk, chunks
 from autobatch.ir import Graph
@@ -37,6 +37,46 @@ class NotFlat(Exception):
 
 
 Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-instance shape)
+
+
+@dataclass
+class BatchReport:
+    """What one batching run did. ``launches`` counts batched ops plus nodes run alone;
+    ``lower_bound`` is ED-Batch's bound for the same graph (``bound``: it, or how to work it
+    out when first asked for, which costs a pass over the graph that planning did not need)."""
+
+    scheduler: str
+    nodes: int
+    launches: int
+    bound: int | Callable[[], int]
+    fallback_nodes: int
+    gathers: int
+    gathers_avoided: int
+    merged_duplicates: int
+    seconds: dict[str, float] = field(default_factory=dict)  # batching: analyse, schedule, plan/rewrite
+    execution: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
+    alone: dict[str, int] = field(default_factory=dict)  # "op: why" -> nodes run one at a time
+    launches_by_op: dict[str, int] = field(default_factory=dict)  # flat path: op type -> its steps
+
+    @property
+    def lower_bound(self) -> int:
+        if callable(self.bound):
+            self.bound = self.bound()
+        return self.bound
+
+    @property
+    def ratio(self) -> float:
+        return self.launches / self.lower_bound if self.lower_bound else 1.0
+
+    def __str__(self) -> str:
+        timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in {**self.seconds, **self.execution}.items())
+        why = ", ".join(f"{n} x {reason}" for reason, n in sorted(self.alone.items(), key=lambda item: -item[1])[:3])
+        return (
+            f"{self.nodes} nodes -> {self.launches} launches ({self.scheduler}); lower bound "
+            f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time"
+            f"{f' ({why})' if why else ''}; {self.gathers} gathers, {self.gathers_avoided} avoided; "
+            f"{self.merged_duplicates} duplicates merged" + (f"; {timing}" if timing else "")
+        )
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ import numpy as np
 
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.plan import ARENA_DTYPES, Template
-from autobatch.batcher.rewrite import EMPTY, GraphEmitter
+from autobatch.batcher.node_rules import EMPTY, GraphEmitter
 from autobatch.batcher.rules import Operand, Refusal
 from autobatch.ir import Graph, Node, ValueType
 

@@ -17,7 +17,7 @@ from autobatch import arguments
 from autobatch.batch import Batch
 from autobatch.batcher import SCHEDULERS, build_problem
 from autobatch.batcher.problem import problem_from
-from autobatch.batcher.rewrite import refusal
+from autobatch.batcher.node_rules import refusal
 from benchmarks.models import Workload, bilstm_workload, traced_graph, tree_lstm_workload
 
 

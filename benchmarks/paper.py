@@ -389,7 +389,7 @@ BUCKETS = (
     ("matmul/gemm kernels (numpy)", ("kernels/linalg.py",)),
     ("other numpy kernels (elementwise, reduce, ...)", ("/kernels/",)),
     ("interpreter dispatch and flat executor", ("interpreter.py", "numpy_backend.py", "flat_executor.py")),
-    ("onnxruntime executor: export + session building", ("ort_executor.py", "ort_runtime.py", "ort_backend.py")),
+    ("onnxruntime executor: export + session building", ("ort_runtime.py", "ort_backend.py", "whole_plan.py")),
     ("IR graph building / shape inference (ir/, onnx)", ("/ir/", "onnx/")),
 )
 

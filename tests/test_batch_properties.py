@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from autobatch import InferenceSession
-from autobatch.backends import Interpreter, OrtExecutor, SessionCache
-from autobatch.batcher import SCHEDULERS, BatchingPass
-from autobatch.ir import Graph, from_onnx
-
-ORT_SESSIONS = SessionCache(threads=1)  # shared by every example: segments of one structure compile once
+from autobatch.backends import Interpreter
+from autobatch.batcher import SCHEDULERS
+from autobatch.graphs import run_graphs
+from autobatch.ir import from_onnx
 
 D = 4  # feature width
 VOCAB = 7
@@ -231,18 +230,14 @@ def test_batched_programs_equal_instances_alone(case) -> None:
     program, plan = case
     graphs, feeds = _instances(program, plan)
     expected = [Interpreter(g).run(f) for g, f in zip(graphs, feeds)]
-    union_feeds = {f"i{k}/{name}": v for k, f in enumerate(feeds) for name, v in f.items()}
     for scheduler in sorted(SCHEDULERS):
-        result = BatchingPass(scheduler)(Graph.union(graphs))
-        report = result.report
-        assert report.lower_bound <= report.launches <= report.nodes
-        flat = [(k, j, out) for k, outs in enumerate(expected) for j, out in enumerate(outs)]
-        runners = {"numpy": Interpreter(result.graph), "onnxruntime": OrtExecutor(result.graph, ORT_SESSIONS)}
-        for backend, runner in runners.items():
-            got = runner.run(union_feeds)
-            assert len(got) == len(flat)
-            for value, (k, j, want) in zip(got, flat):
-                _assert_close(value, want, f"{scheduler} on {backend}: instance {k} output {j} (plan {plan})")
+        for backend in ("numpy", "onnxruntime"):
+            got, report = run_graphs(graphs, feeds, backend, scheduler)
+            assert report.lower_bound <= report.launches <= report.nodes
+            assert [len(outputs) for outputs in got] == [len(outputs) for outputs in expected]
+            for k, (outputs, wanted) in enumerate(zip(got, expected)):
+                for j, (value, want) in enumerate(zip(outputs, wanted)):
+                    _assert_close(value, want, f"{scheduler} on {backend}: instance {k} output {j} (plan {plan})")
 
 
 @SETTINGS
@@ -251,7 +246,7 @@ def test_identical_instances_batch_below_node_count(case) -> None:
     program, plan = case
     graphs, feeds = _instances(program, plan, own_weights=False)
     for scheduler in sorted(SCHEDULERS):
-        report = BatchingPass(scheduler)(Graph.union(graphs)).report
+        report = run_graphs(graphs, feeds, scheduler=scheduler)[1]
         assert report.lower_bound <= report.launches < report.nodes
         assert report.fallback_nodes == 0
 

@@ -13,13 +13,14 @@ from onnx import TensorProto, helper
 
 from autobatch import Batch, InferenceSession
 from autobatch.backends import Interpreter
-from autobatch.batcher import SCHEDULERS, BatchingPass, build_problem, flat, node_signature
+from autobatch.graphs import run_graphs
+from autobatch.batcher import SCHEDULERS, build_problem, flat, node_signature
 from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE, problem_from
 from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule
 from autobatch.datasets import synthetic_tree
 from autobatch.examples import tree_lstm
-from autobatch.batcher.rewrite import has_rule
+from autobatch.batcher.node_rules import has_rule
 from autobatch.ir import Graph, ValueType, from_onnx
 
 F32, F16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
@@ -188,11 +189,10 @@ def test_different_single_use_literals_batch_and_stay_correct() -> None:
     adds = [n for n in union.nodes.values() if n.op_type == "Add"]
     assert len({node_signature(union, n) for n in adds}) == 1
     x = np.arange(6, dtype=np.float32).reshape(2, 3) / 6
-    result = BatchingPass("level")(union)
-    got = Interpreter(result.graph).run({f"i{k}/x": x for k in range(3)})
+    got, report = run_graphs(graphs, [{"x": x}] * 3)
     for k, g in enumerate(graphs):
-        np.testing.assert_allclose(got[k], Interpreter(g).run({"x": x})[0], rtol=1e-5, atol=1e-6)
-    assert result.report.launches < result.report.nodes
+        np.testing.assert_allclose(got[k][0], Interpreter(g).run({"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert report.launches < report.nodes
 
 
 def test_missing_optional_output_batches_correctly() -> None:
@@ -219,9 +219,8 @@ def test_missing_optional_output_batches_correctly() -> None:
 
     graphs = [instance(["", "Yh"]), instance(["Y", "Yh"]), instance(["", "Yh"])]
     feeds = [rng.standard_normal((2, 1, width)).astype(np.float32) for _ in graphs]
-    union = Graph.union(graphs)
-    result = BatchingPass("level")(union)
-    batched = Interpreter(result.graph).run({f"i{k}/X": x for k, x in enumerate(feeds)})
+    got, _ = run_graphs(graphs, [{"X": x} for x in feeds])
+    batched = [out for outputs in got for out in outputs]
     expected = [out for g, x in zip(graphs, feeds) for out in Interpreter(g).run({"X": x})]
     assert len(batched) == len(expected) == 4
     for got, want in zip(batched, expected):
@@ -367,12 +366,10 @@ def test_batched_trees_equal_trees_alone() -> None:
     feeds = [{name: rng.standard_normal((1, 4)).astype(np.float32) for name in g.inputs} for g in graphs]
     expected = [Interpreter(g).run(f)[0] for g, f in zip(graphs, feeds)]
     for scheduler in SCHEDULERS:
-        result = BatchingPass(scheduler)(Graph.union(graphs))
-        union_feeds = {f"i{k}/{n}": v for k, f in enumerate(feeds) for n, v in f.items()}
-        got = Interpreter(result.graph).run(union_feeds)
-        for a, b in zip(got, expected):
+        got, report = run_graphs(graphs, feeds, scheduler=scheduler)
+        for (a,), b in zip(got, expected, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        assert result.report.lower_bound <= result.report.launches < result.report.nodes
+        assert report.lower_bound <= report.launches < report.nodes
 
 
 def test_session_run_batch_reports_launches() -> None:
@@ -402,10 +399,12 @@ def test_levels_of_independent_nodes_are_one(with_edge: bool) -> None:
 def test_a_report_works_its_lower_bound_out_when_asked(scheduler: str) -> None:
     """Only the level scheduler needs the levels; for the others a report's lower bound is
     deferred until read, and then equals the bound worked out at once."""
-    graph = Graph.union([tree_instance(2, True), tree_instance(3, True), chain_instance(3)])
-    report = BatchingPass(scheduler)(graph).report
+    graphs = [tree_instance(2, True), tree_instance(3, True), chain_instance(3)]
+    rng = np.random.default_rng(0)
+    feeds = [{name: rng.standard_normal((1, 4)).astype(np.float32) for name in g.inputs} for g in graphs]
+    report = run_graphs(graphs, feeds, scheduler=scheduler)[1]
     assert callable(report.bound) == (scheduler != "level")
-    want = build_problem(graph, lambda node: True).lower_bound()
+    want = build_problem(Graph.union(graphs), lambda node: True).lower_bound()
     assert report.lower_bound == want and report.bound == want
 
 

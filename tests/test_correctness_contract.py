@@ -389,3 +389,20 @@ def test_a_softmax_row_masked_whole_keeps_its_value_padded(backend, masked):
     with np.errstate(invalid="ignore"):  # a row of -inf alone is NaN, batched too
         assert_batched_equals_alone(session, instances)
     assert session.stats.report.launches_by_op["Softmax"] == 1  # padded: one launch for the 3 lengths
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nodes_of_one_signature_that_want_different_optional_outputs(backend):
+    """Two RNNs of one signature, the first wanting only Y_h, the second Y too: a class's
+    template made from its first record had no Y, and the batch raised KeyError 'i0/Y'."""
+    rng = np.random.default_rng(0)
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 14]>
+        g (float[T, 1, 2] x) => (float[1, 1, 3] h, float[T, 1, 1, 3] y, float[1, 1, 3] h2) {
+            _, h = RNN<hidden_size = 3>(x, W, R)
+            x2 = Tanh(x)
+            y, h2 = RNN<hidden_size = 3>(x2, W, R)
+        }""")
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(rng.standard_normal((1, 3, 2)).astype(np.float32), "W"),
+                                    onnx.numpy_helper.from_array(rng.standard_normal((1, 3, 3)).astype(np.float32), "R")])
+    session = InferenceSession(model, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((t, 1, 2)).astype(np.float32)} for t in (2, 2, 3)])
