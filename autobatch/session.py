@@ -127,6 +127,7 @@ class _FlatPlan:
     uses: int = 0
     whole_refusal: str | None = None  # why it does not run as one onnxruntime session
     whole_made: bool = False  # it had one (a session costs tens of milliseconds to make)
+    step_seconds: float = 0.0  # what running it step by step has cost so far
 
 
 class InferenceSession:
@@ -190,6 +191,9 @@ class InferenceSession:
         # uses of a mix's plan before it runs as one session: a session costs more to make than a
         # run step by step on the CPU; on CUDA, steps run apart copy each value to the host and back
         self.whole_plan_after = 1 if backend == "onnxruntime" and self.cache.on_cuda else WHOLE_PLAN_AFTER
+        # what making the last whole-plan session cost (None: none made yet): a mix is made one
+        # once running it step by step has cost as much (rent until the rent paid equals the price)
+        self.whole_plan_seconds: float | None = None
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
@@ -345,14 +349,18 @@ class InferenceSession:
             values = self._flat.run(entry.plan, entry.weights, union_feeds)
             found = [values[location] for location in entry.located]  # views of this run's arenas
         seconds["execute"] = time.perf_counter() - begin
+        if whole is None:
+            entry.step_seconds += seconds["execute"]
         self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=1 if whole else len(entry.plan.steps),
                                   seconds=seconds, whole_plan=whole is not None)
         return found
 
     def _whole_plan(self, key: tuple | None, entry: _FlatPlan, checked: list[dict[str, Any]],
                     union_feeds: dict[str, Any], names: list[str]) -> WholePlan | None:
-        """A kept plan's one onnxruntime session (``backends.whole_plan``), made on its
-        ``whole_plan_after``-th use; None on NumPy, for a plan not kept, or one that cannot run so (said once in the log).
+        """A kept plan's one onnxruntime session (``backends.whole_plan``), made from its
+        ``whole_plan_after``-th use on, once its runs step by step have cost what making the last
+        one did (``whole_plan_seconds``; on CUDA at once); None before, on NumPy, for a plan not
+        kept, or one that cannot run so (said once in the log).
         It is planned again without padding: in one session a launch a length costs microseconds,
         less than padding does (``batcher.padding`` is for plans run a Python call a launch)."""
         if self.backend != "onnxruntime" or key is None or not self._whole_plans.size or entry.whole_refusal is not None:
@@ -362,7 +370,11 @@ class InferenceSession:
             entry.whole_refusal = f"its session was let go: more mixes recur than the {self._whole_plans.size} kept"
             log.info("a batch plan of %s runs step by step from now on: %s", self.graph.name, entry.whole_refusal)
             return None
+        price = self.whole_plan_seconds
+        if whole is None and self.whole_plan_after > 1 and price is not None and entry.step_seconds < price:
+            return None  # not yet worth it
         if whole is None:
+            start = time.perf_counter()
             unpadded = self._flat_plan(None, checked, union_feeds, names, padded=False)
             entry.whole_refusal = whole_plan_refusal(unpadded.plan)
             if entry.whole_refusal is None:
@@ -375,6 +387,7 @@ class InferenceSession:
                 return None
             self._whole_plans[key] = whole
             entry.whole_made = True
+            self.whole_plan_seconds = time.perf_counter() - start
         return whole
 
     def _flat_plan(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],

@@ -352,6 +352,7 @@ def test_a_mix_whose_session_was_let_go_runs_step_by_step_rather_than_making_it_
     first, second = feeds([2, 3]), feeds([4, 1, 2])
     ran = []
     for instances in (first, first, second, second, first, first, second):
+        session.whole_plan_seconds = 0.0  # a session as cheap as can be: made at each mix's second use
         got = session.run_batch(None, instances)
         ran.append(session.stats.whole_plan)
         for instance, outputs in zip(instances, got, strict=True):
@@ -359,3 +360,26 @@ def test_a_mix_whose_session_was_let_go_runs_step_by_step_rather_than_making_it_
                 np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
     # the second mix's session evicted the first's: the first never gets one again
     assert ran == [False, True, False, True, False, False, True]
+
+
+def test_a_mix_gets_its_session_once_running_it_step_by_step_cost_what_a_session_did():
+    """Making a whole-plan session costs tens of milliseconds: after the first (made at a mix's
+    second use, the price unknown), a mix is made one only once its step-by-step runs have
+    cost what the last one took to make, so that mixes seen a few times do not each pay it."""
+    session = autobatch.InferenceSession(MODEL, backend="onnxruntime", alone_when_faster=False)
+    first, second = feeds([2, 3]), feeds([4, 1, 2])
+    session.run_batch(None, first)
+    assert session.whole_plan_seconds is None and not session.stats.whole_plan
+    session.run_batch(None, first)
+    assert session.stats.whole_plan and session.whole_plan_seconds > 0
+    session.whole_plan_seconds = 3600.0  # as if a session took an hour to make
+    for _ in range(3):
+        got = session.run_batch(None, second)
+        assert not session.stats.whole_plan
+    session.whole_plan_seconds = 0.0  # ... or nothing: the rent paid so far is enough
+    again = session.run_batch(None, second)
+    assert session.stats.whole_plan
+    for instance, outputs, outputs_again in zip(second, got, again, strict=True):
+        for alone, value, value_again in zip(session.run(None, instance), outputs, outputs_again, strict=True):
+            np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(value_again, alone, rtol=1e-5, atol=1e-6)
