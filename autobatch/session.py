@@ -21,7 +21,7 @@ from autobatch.backends.flat_executor import FlatExecutor, onnxruntime_template
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
-from autobatch.backends.ort_runtime import CPU, SessionCache, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
+from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
@@ -178,11 +178,11 @@ class InferenceSession:
         self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
         self._parallel: ParallelRuns | None = None  # onnxruntime's CPU: a batch run alone, several at once
         if backend == "onnxruntime":
-            self.cache = SessionCache(providers, threads)
-            self._single: Any = OrtBackendRep(self.graph, self.cache.providers, threads)
+            self.ort_settings = OrtSettings(providers, threads)
+            self._single: Any = OrtBackendRep(self.graph, self.ort_settings.providers, threads)
             callers = threads or _usable_cores()
-            if self.cache.providers[0] == CPU and callers > 1 and alone_when_faster:
-                self._parallel = ParallelRuns(self.graph, self.cache.providers, callers)
+            if self.ort_settings.providers[0] == CPU and callers > 1 and alone_when_faster:
+                self._parallel = ParallelRuns(self.graph, self.ort_settings.providers, callers)
         # Plans are kept per mix of input signatures, but not with control flow, where each
         # instance unrolls by its values.
         self.templates = TemplateCache()  # its plans' templates, with the runs prepared for them
@@ -190,7 +190,7 @@ class InferenceSession:
         self._flat = flat_executor(backend, threads, providers, snapshots=self.weight_snapshots)
         # uses of a mix's plan before it runs as one session: a session costs more to make than a
         # run step by step on the CPU; on CUDA, steps run apart copy each value to the host and back
-        self.whole_plan_after = 1 if backend == "onnxruntime" and self.cache.on_cuda else WHOLE_PLAN_AFTER
+        self.whole_plan_after = 1 if backend == "onnxruntime" and self.ort_settings.on_cuda else WHOLE_PLAN_AFTER
         # what making the last whole-plan session cost (None: none made yet): a mix is made one
         # once running it step by step has cost as much (rent until the rent paid equals the price)
         self.whole_plan_seconds: float | None = None
@@ -224,7 +224,7 @@ class InferenceSession:
 
     def get_providers(self) -> list[str]:
         """onnxruntime's execution providers in order, or ``["NumpyInterpreter"]``."""
-        return list(self.cache.providers) if self.backend == "onnxruntime" else ["NumpyInterpreter"]
+        return list(self.ort_settings.providers) if self.backend == "onnxruntime" else ["NumpyInterpreter"]
 
     def get_modelmeta(self) -> ModelMetadata:
         meta = self.graph.meta
@@ -379,7 +379,7 @@ class InferenceSession:
             entry.whole_refusal = whole_plan_refusal(unpadded.plan)
             if entry.whole_refusal is None:
                 try:
-                    whole = WholePlan(self._lowered(unpadded, checked, union_feeds, names), self.cache)
+                    whole = WholePlan(self._lowered(unpadded, checked, union_feeds, names), self.ort_settings)
                 except UnsupportedByOnnxruntime as error:
                     entry.whole_refusal = str(error)
             if whole is None:
@@ -514,15 +514,15 @@ def each_alone(run: Callable[[Any], Result], instances: Sequence[Any]) -> list[R
     return results
 
 
-def shared_session_cache(threads: int = 0, providers: Sequence[str] | None = None) -> SessionCache:
-    """One session cache (per thread count and providers) for every traced batch in this
-    process: a segment compiled for one batch serves the next."""
-    return _session_cache(threads, tuple(providers) if providers is not None else None)
+def shared_ort_settings(threads: int = 0, providers: Sequence[str] | None = None) -> OrtSettings:
+    """onnxruntime's settings (per thread count and providers), one for every traced batch in
+    this process."""
+    return _ort_settings(threads, tuple(providers) if providers is not None else None)
 
 
 @functools.cache
-def _session_cache(threads: int, providers: tuple[str, ...] | None) -> SessionCache:
-    return SessionCache(providers, threads=threads)
+def _ort_settings(threads: int, providers: tuple[str, ...] | None) -> OrtSettings:
+    return OrtSettings(providers, threads=threads)
 
 
 def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | None = None, *,
@@ -536,9 +536,9 @@ def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | Non
         # cost is a Python step per time step (``backends/kernels/rnn.py``).
         return FlatExecutor(lambda template: Interpreter(template.graph).run_trusted, (backend,), sequence_chunk=None)
     if backend == "onnxruntime":
-        cache = shared_session_cache(threads, providers)
-        return FlatExecutor(lambda template: onnxruntime_template(template, cache), (backend, threads, cache.providers),
-                            snapshots)
+        settings = shared_ort_settings(threads, providers)
+        return FlatExecutor(lambda template: onnxruntime_template(template, settings),
+                            (backend, threads, settings.providers), snapshots)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 

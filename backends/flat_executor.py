@@ -21,7 +21,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
-from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, SessionCache, declare_ranks_only, new_session, run_session
+from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, OrtSettings, declare_ranks_only, new_session, run_session
 from autobatch.ir.records import LEAF
 from autobatch.batcher.plan import (LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step, Template,
                                     Unpadded)
@@ -41,14 +41,14 @@ class OrtTemplate:
     constants (``bakeable``: ``PACKED_INPUTS``), so that it packs them once
     (``backends.baked_weights``)."""
 
-    def __init__(self, graph: Graph, cache: SessionCache, ranks_only: bool = False) -> None:
+    def __init__(self, graph: Graph, settings: OrtSettings, ranks_only: bool = False) -> None:
         """``ranks_only``: declare the inputs' ranks, not their dimensions (a solo template's
         inputs have one member's inferred shapes: ``declare_ranks_only``)."""
         self.graph = graph
         self.ranks_only = ranks_only
         self.name = graph.name
         self.outputs = list(graph.outputs)
-        self.cache = cache
+        self.settings = settings
         fed = {name for name in graph.inputs if name.startswith("w")}
         self.bakeable = frozenset(node.inputs[i] for node in graph.nodes.values() if not node.domain
                                   for i in PACKED_INPUTS.get(node.op_type, ()) if node.inputs[i] in fed)
@@ -66,7 +66,7 @@ class OrtTemplate:
     def _session(self, model: ModelProto) -> ort.InferenceSession:
         # onnxruntime validates the model itself; onnx.checker would refuse a model-local function
         # imported at another opset than the model (a cell made from an older ONNX model).
-        return new_session(model, self.cache.options, self.cache.providers)
+        return new_session(model, self.settings.options, self.settings.providers)
 
     def _model(self) -> ModelProto:
         model = to_onnx(self.graph, check=False)
@@ -115,11 +115,11 @@ def runs_on_onnxruntime(template: Template) -> bool:
     return takes and not any(True for node in graph.nodes.values() for _ in node.subgraphs())
 
 
-def onnxruntime_template(template: Template, cache: SessionCache) -> TemplateRun:
+def onnxruntime_template(template: Template, settings: OrtSettings) -> TemplateRun:
     """A template's runner on onnxruntime: its sessions, or the NumPy interpreter where
     ``runs_on_onnxruntime`` says no."""
     if runs_on_onnxruntime(template):
-        return OrtTemplate(template.graph, cache, ranks_only=template.solo)
+        return OrtTemplate(template.graph, settings, ranks_only=template.solo)
     return Interpreter(template.graph).run_trusted
 
 

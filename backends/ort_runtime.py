@@ -233,7 +233,7 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     return options
 
 
-class SessionCache:
+class OrtSettings:
     """onnxruntime's execution providers and session options, shared by the sessions that a
     backend makes (a template's, a whole plan's); the sessions are kept by their owners."""
 

@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 
 from autobatch.backends.flat_executor import runs_on_onnxruntime
-from autobatch.backends.ort_runtime import SessionCache, new_session, run_session
+from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
 from autobatch.batcher.plan import FlatPlan, Template
 from autobatch.batcher.sequences import RECURRENT
 
@@ -41,8 +41,8 @@ def whole_plan_refusal(plan: FlatPlan) -> str | None:
 class WholePlan:
     """One session of a lowered plan; ``run(feeds)`` gives its outputs in order."""
 
-    def __init__(self, model: onnx.ModelProto, cache: SessionCache) -> None:
-        self.session = new_session(model, cache.options, cache.providers)
+    def __init__(self, model: onnx.ModelProto, settings: OrtSettings) -> None:
+        self.session = new_session(model, settings.options, settings.providers)
         self.inputs = [value.name for value in self.session.get_inputs()]
         self.outputs = [value.name for value in self.session.get_outputs()]
 

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from autobatch import arguments
 from autobatch.backends import Interpreter
-from autobatch.backends.ort_runtime import CPU, CUDA, SessionCache
+from autobatch.backends.ort_runtime import CPU, CUDA, OrtSettings
 from autobatch.batch import Batch
 from autobatch.ir import from_onnx
 from benchmarks.timing import timed
@@ -86,10 +86,10 @@ def main() -> None:
                         help="auto: CUDA when it loads, else the CPU")
     args = parser.parse_args()
     providers = {"auto": None, "cpu": [CPU], "cuda": [CUDA, CPU]}[args.providers]
-    cache = SessionCache(providers, threads=2)
-    if args.providers == "cuda" and not cache.on_cuda:
+    settings = OrtSettings(providers, threads=2)
+    if args.providers == "cuda" and not settings.on_cuda:
         raise SystemExit("the CUDA execution provider is not available here")
-    print(f"onnxruntime {ort.__version__} on {cache.providers[0]}")
+    print(f"onnxruntime {ort.__version__} on {settings.providers[0]}")
     launch_overhead()
     compare(f"Tree-LSTM (size {args.size})", lambda form: tree_lstm_workload(args.minibatch, args.size, form),
             args.repeats, providers)
