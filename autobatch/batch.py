@@ -18,7 +18,7 @@ from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tracing import OPSET, Tensor, TraceError, Tracer
-from autobatch.session import flat_executor
+from autobatch.executors import flat_executor
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.

@@ -19,9 +19,10 @@ from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.instances import instance_records, mix_records
 from autobatch.batcher.plan import TemplateCache
+from autobatch.executors import flat_executor
 from autobatch.ir import Graph
 from autobatch.ir.types import type_of_value
-from autobatch.session import flat_executor, plan_name, typed_instance
+from autobatch.typed_instances import plan_name, typed_instance
 
 
 def run_graphs(graphs: Sequence[Graph], feeds_list: Sequence[Mapping[str, Any]], backend: str = "numpy",

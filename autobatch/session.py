@@ -7,9 +7,9 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import onnx
@@ -17,7 +17,6 @@ from onnx import ModelProto, helper
 
 from autobatch.backends import FeedError, Interpreter, evaluate
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.backends.flat_executor import FlatExecutor, onnxruntime_template
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
@@ -26,24 +25,24 @@ from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
-from autobatch.batcher.instances import InstanceRecords, alike, instance_records, mix_records
+from autobatch.batcher.instances import InstanceRecords, instance_records, mix_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
-from autobatch.batcher.constants import constants_to_initializers, fold_known_values
+from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
+from autobatch.executors import BACKENDS, flat_executor
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
-from autobatch.ir import Graph, Recent, ValueType, from_onnx
+from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.gc_pause import without_gc
-from autobatch.ir.limits import DeadlineExceeded, WorkLimit, work_limit
+from autobatch.ir.limits import WorkLimit, work_limit
 from autobatch.ir.types import type_of_value, type_text
+from autobatch.typed_instances import SharedConstants, plan_name, typed_instance
 from autobatch.ways import ALONE, BATCHED, WayChooser
 
 log = logging.getLogger("autobatch")
 
-BACKENDS = ("numpy", "onnxruntime")
 CONTROL_FLOW = ("If", "Loop", "Scan")
 # A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
 WHOLE_PLAN_AFTER = 2
-FOLD_ROUNDS = 8  # rounds of folding what the input types decide, then inferring shapes again
 # What a session keeps, most recently used first: a long-running server meets ever new input
 # shapes and mixes of them, and unbounded caches would only grow.
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
@@ -481,67 +480,6 @@ class InferenceSession:
         return graph
 
 
-Result = TypeVar("Result")
-
-
-def batched_else_alone(run_batch: Callable[[Sequence[Any]], list[Result]], run_alone: Callable[[Any], Result],
-                       instances: Sequence[Any], what: str = "batch") -> tuple[list[Result | Exception], bool]:
-    """Every instance's result, batched; if the batched run raises, each instance runs alone so
-    that only the guilty one fails (its exception in place of its result). Says whether it fell
-    back, which it logs at WARNING with the cause: a fallback must never be silent (it hid a
-    batching bug that gave wrong rows). Past the caller's deadline it gives up at once."""
-    try:
-        return list(run_batch(instances)), False
-    except DeadlineExceeded:
-        raise
-    except Exception as error:  # noqa: BLE001 - isolated below, instance by instance
-        log.warning("%s of %d instances failed batched (%s: %s); running each alone", what, len(instances),
-                    type(error).__name__, error)
-    return each_alone(run_alone, instances), True
-
-
-def each_alone(run: Callable[[Any], Result], instances: Sequence[Any]) -> list[Result | Exception]:
-    """``run`` of each instance, its exception in place of its result where it fails (past the
-    caller's deadline, everything stops)."""
-    results: list[Result | Exception] = []
-    for instance in instances:
-        try:
-            results.append(run(instance))
-        except DeadlineExceeded:
-            raise
-        except Exception as error:  # noqa: BLE001 - this instance's own failure, returned in its place
-            results.append(error)
-    return results
-
-
-def shared_ort_settings(threads: int = 0, providers: Sequence[str] | None = None) -> OrtSettings:
-    """onnxruntime's settings (per thread count and providers), one for every traced batch in
-    this process."""
-    return _ort_settings(threads, tuple(providers) if providers is not None else None)
-
-
-@functools.cache
-def _ort_settings(threads: int, providers: tuple[str, ...] | None) -> OrtSettings:
-    return OrtSettings(providers, threads=threads)
-
-
-def flat_executor(backend: str, threads: int = 0, providers: Sequence[str] | None = None, *,
-                  snapshots: WeightSnapshots) -> FlatExecutor:
-    """What runs flat plans on ``backend``. On onnxruntime its templates bake the weights that
-    ``snapshots`` (the caller's: a session's own, or the one traced batches share) know to be
-    stable; on CUDA each step's values go to the device and back (a session's kept plans run
-    as one session instead: ``InferenceSession.whole_plan_after``)."""
-    if backend == "numpy":
-        # One padded call a layer: the NumPy layers skip finished sequences' rows, and their
-        # cost is a Python step per time step (``backends/kernels/rnn.py``).
-        return FlatExecutor(lambda template: Interpreter(template.graph).run_trusted, (backend,), sequence_chunk=None)
-    if backend == "onnxruntime":
-        settings = shared_ort_settings(threads, providers)
-        return FlatExecutor(lambda template: onnxruntime_template(template, settings),
-                            (backend, threads, settings.providers), snapshots)
-    raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-
-
 def _usable_cores() -> int:
     """The cores this process may run on (its affinity where the system says; a container's
     may be fewer than the machine's)."""
@@ -564,65 +502,6 @@ class _NodeBudget:
         while total > self.nodes and len(self._graphs) > 1:
             _, oldest = self._graphs.popitem(last=False)
             total -= len(oldest)
-
-
-class SharedConstants(dict):
-    """Each constant of the graphs typed for input signatures, by name: one equal to the first
-    of its name becomes that same array, so that a batch's mix of signatures finds the constants
-    every instance shares by identity (``instances.mix_records``) rather than by comparing them all,
-    each batch. (Its first array is kept, as the graphs that share it are.)"""
-
-    def share(self, graph: Graph) -> Graph:
-        for name, value in graph.values.items():
-            array = value.const
-            if array is None or value.literal:
-                continue
-            first = self.setdefault(name, array)
-            if alike(first, array):
-                value.const = first
-        return graph
-
-
-def typed_instance(graph: Graph, input_types: Mapping[str, ValueType]) -> Graph:
-    """A copy of ``graph`` (Constant nodes made initializers) with these input types and every
-    other value's shape inferred from them: declared shapes are hints, which would size slots."""
-    graph = Graph.union([graph], rename=lambda _k, name: name)
-    constants_to_initializers(graph)
-    for value in graph.values.values():
-        if value.const is None and value.type is not None:
-            value.type = ValueType(_without_shapes(value.type.proto))
-    for name, vtype in input_types.items():
-        graph.values[name].type = vtype
-    graph.infer_shapes()
-    for _ in range(FOLD_ROUNDS):  # what folding makes known (a reshape's target) may make more shapes known
-        if not fold_known_values(graph, evaluate):
-            break
-        graph.infer_shapes()
-    return graph
-
-
-def _without_shapes(proto: onnx.TypeProto) -> onnx.TypeProto:
-    """The type with its tensors' shapes left out (element types kept)."""
-    bare = onnx.TypeProto()
-    bare.CopyFrom(proto)
-    for tensor in _tensor_types(bare):
-        tensor.ClearField("shape")
-    return bare
-
-
-def _tensor_types(proto: onnx.TypeProto) -> list:
-    kind = proto.WhichOneof("value")
-    if kind == "tensor_type":
-        return [proto.tensor_type]
-    inner = {"sequence_type": "elem_type", "optional_type": "elem_type", "map_type": "value_type"}.get(kind)
-    return _tensor_types(getattr(getattr(proto, kind), inner)) if inner else []
-
-
-def plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[str, Any]) -> str:
-    """What a batch's records call output ``name`` of instance k: ``i{k}/name``, but for a
-    constant every instance shares."""
-    own = f"i{k}/{name}"
-    return name if own not in producer and own not in weights and name in weights else own
 
 
 def _aborts_onnxruntime(graph: Graph) -> bool:

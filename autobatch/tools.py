@@ -28,7 +28,9 @@ from autobatch.batcher.node_rules import refusal
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
-from autobatch.session import InferenceSession, batched_else_alone, each_alone, plan_name, typed_instance
+from autobatch.fallbacks import batched_else_alone, each_alone
+from autobatch.session import InferenceSession
+from autobatch.typed_instances import plan_name, typed_instance
 
 Print = Callable[[str], None]
 RANDOM_FEED_ELEMENTS = 10**8  # the most elements a made-up input may have

@@ -32,7 +32,8 @@ from autobatch.serving.metrics import Duration, EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir.limits import DeadlineExceeded, deadline
-from autobatch.session import InferenceSession, batched_else_alone, each_alone
+from autobatch.fallbacks import batched_else_alone, each_alone
+from autobatch.session import InferenceSession
 
 
 @dataclass(eq=False)
