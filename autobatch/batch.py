@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 from onnx.helper import np_dtype_to_tensor_dtype
 
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.backends.lowering import lower_plan
+from autobatch.backends.lowering import drop_unread, lower_plan
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
@@ -75,9 +75,8 @@ class Batch(Tracer):
         model = lower_plan(plan, inputs, {name: name for name in literals}, outputs, self._weights, self._opsets(),
                            "batch/plan")
         del model.graph.input[:]  # the literals are this batch's data: the model holds those it reads
-        read = {name for node in model.graph.node for name in node.input} | {t.name for t in tensors}
-        model.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in literals.items()
-                                       if name in read)
+        model.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in literals.items())
+        drop_unread(model.graph)
         return model
 
     def _execute(self, wanted: list[Tensor]) -> list[np.ndarray]:

@@ -16,13 +16,12 @@ from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.control_flow import CONTROL_FLOW
 from autobatch.backends.interpreter import FeedError, check_feeds
 from autobatch.batcher import BatchReport, get_scheduler
-from autobatch.batcher.flat import plan_records
-from autobatch.batcher.instances import instance_records, mix_records
+from autobatch.batcher.instances import instance_records
 from autobatch.batcher.plan import TemplateCache
 from autobatch.executors import flat_executor
 from autobatch.ir import Graph
 from autobatch.ir.types import type_of_value
-from autobatch.typed_instances import plan_name, typed_instance
+from autobatch.typed_instances import plan_instances, typed_instance
 
 
 def run_graphs(graphs: Sequence[Graph], feeds_list: Sequence[Mapping[str, Any]], backend: str = "numpy",
@@ -45,13 +44,11 @@ def run_graphs(graphs: Sequence[Graph], feeds_list: Sequence[Mapping[str, Any]],
         except FeedError as error:
             raise FeedError(f"instance {k}: {error}") from None
     typed = [typed_instance(g, {name: type_of_value(v) for name, v in f.items()}) for g, f in zip(graphs, checked)]
-    records, producer, weights = mix_records([instance_records(graph) for graph in typed])
     union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
-    wanted = [plan_name(k, name, producer, weights) for k, graph in enumerate(graphs) for name in graph.outputs]
     functions = {key: f for graph in graphs for key, f in graph.functions.items()}
-    plan = plan_records(records, wanted, [producer[name] for name in wanted if name in producer], weights,
-                        union_feeds, functions, graphs[0].opset_imports if graphs else {}, scheduler, apart=True,
-                        cache=TemplateCache())
+    plan, weights, wanted = plan_instances([instance_records(graph) for graph in typed],
+                                           [graph.outputs for graph in graphs], union_feeds, functions,
+                                           graphs[0].opset_imports if graphs else {}, scheduler, cache=TemplateCache())
     values = flat_executor(backend, threads, snapshots=WeightSnapshots()).run(plan, weights, union_feeds)
     found = iter([values[plan.locations[name]] for name in wanted])
     return [[next(found) for _ in graph.outputs] for graph in graphs], plan.report

@@ -17,6 +17,7 @@ from onnx import ModelProto, helper
 
 from autobatch.backends import FeedError, Interpreter, evaluate
 from autobatch.backends.baked_weights import WeightSnapshots
+from autobatch.backends.control_flow import CONTROL_FLOW
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
@@ -24,8 +25,7 @@ from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxru
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
-from autobatch.batcher.flat import plan_records
-from autobatch.batcher.instances import InstanceRecords, instance_records, mix_records
+from autobatch.batcher.instances import InstanceRecords, instance_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
 from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
@@ -35,12 +35,11 @@ from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import WorkLimit, work_limit
 from autobatch.ir.types import type_of_value, type_text
-from autobatch.typed_instances import SharedConstants, plan_name, typed_instance
+from autobatch.typed_instances import SharedConstants, plan_instances, typed_instance
 from autobatch.ways import ALONE, BATCHED, WayChooser
 
 log = logging.getLogger("autobatch")
 
-CONTROL_FLOW = ("If", "Loop", "Scan")
 # A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
 WHOLE_PLAN_AFTER = 2
 # What a session keeps, most recently used first: a long-running server meets ever new input
@@ -391,16 +390,12 @@ class InferenceSession:
 
     def _flat_plan(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
                    names: list[str], padded: bool = True) -> _FlatPlan:
-        pieces = [self._records_of(feeds) for feeds in checked]
-        records, producer, weights = mix_records(pieces)
-        wanted = [plan_name(k, name, producer, weights) for k in range(len(checked)) for name in names]
-        producers = [producer[name] for name in wanted if name in producer]
         # What a plan learns of record keys holds while their constants keep their values:
         # not across unrolled instances, whose constants are their own.
-        known = self._known_records if key is not None else None
-        plan = plan_records(records, wanted, producers, weights, union_feeds, self.graph.functions,
-                            self.graph.opset_imports, self.scheduler, known, apart=True, padded=padded,
-                            cache=self.templates)
+        plan, weights, wanted = plan_instances(
+            [self._records_of(feeds) for feeds in checked], [names] * len(checked), union_feeds,
+            self.graph.functions, self.graph.opset_imports, self.scheduler,
+            known=self._known_records if key is not None else None, padded=padded, cache=self.templates)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
 
     def plan_model(self, feeds_list: Sequence[Mapping[str, Any]]) -> ModelProto:

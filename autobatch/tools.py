@@ -20,8 +20,7 @@ from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, UnsupportedByOnnxruntime, new_session, session_options
 from autobatch.backends.lowering import lower_plan
 from autobatch.batcher import build_problem, get_scheduler
-from autobatch.batcher.flat import plan_records
-from autobatch.batcher.instances import instance_records, mix_records
+from autobatch.batcher.instances import instance_records
 from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE
 from autobatch.batcher.node_rules import refusal
@@ -30,7 +29,7 @@ from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
 from autobatch.fallbacks import batched_else_alone, each_alone
 from autobatch.session import InferenceSession
-from autobatch.typed_instances import plan_name, typed_instance
+from autobatch.typed_instances import plan_instances, typed_instance
 
 Print = Callable[[str], None]
 RANDOM_FEED_ELEMENTS = 10**8  # the most elements a made-up input may have
@@ -154,12 +153,10 @@ def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     if not all(vtype is not None and vtype.is_tensor and vtype.is_static for vtype in types.values()):
         return graph
     typed = typed_instance(graph, types)
-    records, producer, weights = mix_records([instance_records(typed)])
-    wanted = [plan_name(0, name, producer, weights) for name in graph.outputs]
     literals = {f"i0/{name}": np.broadcast_to(np.zeros((), vtype.dtype), vtype.shape)  # only their types are read
                 for name, vtype in types.items()}
-    plan = plan_records(records, wanted, [producer[name] for name in wanted if name in producer], weights, literals,
-                        graph.functions, graph.opset_imports, scheduler, cache=TemplateCache())
+    plan, weights, wanted = plan_instances([instance_records(typed)], [graph.outputs], literals, graph.functions,
+                                           graph.opset_imports, scheduler, apart=False, cache=TemplateCache())
     exported = to_onnx(graph, check=False)
     outputs = [(info, plan.locations[name]) for info, name in zip(exported.graph.output, wanted)]
     model = lower_plan(plan, exported.graph.input, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,

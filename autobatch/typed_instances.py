@@ -1,17 +1,19 @@
 """An instance's graph typed for its input signature (``typed_instance``: shapes inferred, what
 the input types decide folded into constants), constants shared by identity across the graphs
-typed for a model's signatures, and what a batch's records call an instance's output."""
+typed for a model's signatures, and the plan of instances given as their records."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import onnx
 
 from autobatch.backends import evaluate
 from autobatch.batcher.constants import constants_to_initializers, fold_known_values
-from autobatch.batcher.instances import alike
+from autobatch.batcher.flat import plan_records
+from autobatch.batcher.instances import InstanceRecords, alike, mix_records
+from autobatch.batcher.plan import FlatPlan, TemplateCache
 from autobatch.ir import Graph, ValueType
 
 FOLD_ROUNDS = 8  # rounds of folding what the input types decide, then inferring shapes again
@@ -74,3 +76,16 @@ def plan_name(k: int, name: str, producer: Mapping[str, int], weights: Mapping[s
     constant every instance shares."""
     own = f"i{k}/{name}"
     return name if own not in producer and own not in weights and name in weights else own
+
+
+def plan_instances(pieces: Sequence[InstanceRecords], outputs: Sequence[Sequence[str]], literals: Mapping[str, Any],
+                   functions: Mapping, opsets: Mapping[str, int], scheduler: str, *,
+                   known: dict[Hashable, tuple] | None = None, apart: bool = True, padded: bool = True,
+                   cache: TemplateCache) -> tuple[FlatPlan, dict[str, Any], list[str]]:
+    """The plan computing output ``outputs[k]`` of each instance k (given as its records), the
+    constants it reads, and what it calls each wanted value, instance by instance."""
+    records, producer, weights = mix_records(pieces)
+    wanted = [plan_name(k, name, producer, weights) for k, names in enumerate(outputs) for name in names]
+    plan = plan_records(records, wanted, [producer[name] for name in wanted if name in producer], weights, literals,
+                        functions, opsets, scheduler, known, apart=apart, padded=padded, cache=cache)
+    return plan, weights, wanted

@@ -454,7 +454,7 @@ def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: 
     opsets = [helper.make_opsetid(domain, version) for domain, version in sorted({**opset_imports, DOMAIN: 1}.items())]
     model = helper.make_model(graph, opset_imports=opsets, functions=list(lowering.functions.values()))
     model = onnx.inliner.inline_local_functions(model)
-    _drop_unread(model.graph)
+    drop_unread(model.graph)
     _constants_to_initializers(model.graph)
     del model.opset_import[:]
     model.opset_import.extend(opset for opset in opsets if opset.domain != DOMAIN)
@@ -462,7 +462,7 @@ def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: 
     return model
 
 
-def _drop_unread(graph: onnx.GraphProto) -> None:
+def drop_unread(graph: onnx.GraphProto) -> None:
     """Nodes none of whose outputs is read (a template's constant its step's members never use),
     and initializers nothing reads: onnxruntime would warn of each."""
     read = {output.name for output in graph.output}
