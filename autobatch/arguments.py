@@ -83,3 +83,22 @@ def output_file(*suffixes: str) -> Callable[[str], str]:
 
     parse.__name__ = "output file"
     return parse
+
+
+PROVIDERS = ("auto", "cpu", "cuda")
+
+
+def add_providers(parser: argparse.ArgumentParser) -> None:
+    """``--providers``: onnxruntime's execution providers for our runs and its own."""
+    parser.add_argument("--providers", choices=PROVIDERS, default="auto",
+                        help="onnxruntime's execution providers (auto: CUDA when it loads, else the CPU)")
+
+
+def providers(choice: str) -> list[str]:
+    """The providers ``--providers`` names; exits with a line where CUDA is asked for and does not load."""
+    from autobatch.backends.ort_runtime import CPU, CUDA, default_providers  # onnxruntime loads only if asked
+
+    loaded = list(default_providers())
+    if choice == "cuda" and loaded[0] != CUDA:
+        raise SystemExit("--providers cuda: the CUDA execution provider does not load here")
+    return [CPU] if choice == "cpu" else loaded

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 
 from autobatch import arguments
 from autobatch.backends import Interpreter
-from autobatch.backends.ort_runtime import CPU, CUDA, OrtSettings
+from autobatch.backends.ort_runtime import OrtSettings
 from autobatch.batch import Batch
 from autobatch.ir import from_onnx
 from benchmarks.timing import timed
@@ -49,7 +49,7 @@ def launch_overhead(repeats: int = 2000) -> None:
         print(f"  {name:<20} {(time.perf_counter() - start) / repeats * 1e6:6.1f} us")
 
 
-def losses(workload: Workload, backend: str, batched: bool, providers: list[str] | None) -> list[np.ndarray]:
+def losses(workload: Workload, backend: str, batched: bool, providers: list[str]) -> list[np.ndarray]:
     loss, instances, params, _ = workload
     if batched:
         with Batch(backend=backend, threads=2, providers=providers) as batch:
@@ -61,7 +61,7 @@ def losses(workload: Workload, backend: str, batched: bool, providers: list[str]
     return results
 
 
-def compare(name: str, make: Callable[[str], Workload], repeats: int, providers: list[str] | None) -> None:
+def compare(name: str, make: Callable[[str], Workload], repeats: int, providers: list[str]) -> None:
     workloads = {form: make(form) for form in ("primitive", "cells")}
     count = len(workloads["primitive"][1])
     print(f"\n{name}: {count} instances from {workloads['primitive'][3]}")
@@ -82,13 +82,10 @@ def main() -> None:
     parser.add_argument("--minibatch", type=arguments.integer(1), default=64)
     parser.add_argument("--size", type=arguments.integer(1), default=256)
     parser.add_argument("--repeats", type=arguments.integer(1), default=2, help="timed rounds after a warm-up (fastest kept)")
-    parser.add_argument("--providers", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto: CUDA when it loads, else the CPU")
+    arguments.add_providers(parser)
     args = parser.parse_args()
-    providers = {"auto": None, "cpu": [CPU], "cuda": [CUDA, CPU]}[args.providers]
+    providers = arguments.providers(args.providers)
     settings = OrtSettings(providers, threads=2)
-    if args.providers == "cuda" and not settings.on_cuda:
-        raise SystemExit("the CUDA execution provider is not available here")
     print(f"onnxruntime {ort.__version__} on {settings.providers[0]}")
     launch_overhead()
     compare(f"Tree-LSTM (size {args.size})", lambda form: tree_lstm_workload(args.minibatch, args.size, form),

@@ -8,6 +8,7 @@ session with its defaults chooses (each new mix batched or each instance alone, 
 measured faster: ``autobatch.ways``).
 
     python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2,cnn] [--size 256] [--texts 64]
+        [--providers auto|cpu|cuda]
 
 Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix; the
 CNN's images are 16..64 pixels a side. The systems take turns (one timed call each a round,
@@ -30,7 +31,7 @@ import onnxruntime as ort
 
 from autobatch import InferenceSession, arguments
 from autobatch.ways import BATCHED_FIRST
-from benchmarks import exports
+from benchmarks import export_files as exports
 from benchmarks.timing import print_against
 
 THREADS = 2
@@ -70,24 +71,21 @@ def padded(batch: list[dict[str, np.ndarray]], inputs: set[str]) -> dict[str, np
     return {name: value for name, value in (("ids", ids), ("mask", mask)) if name in inputs}
 
 
-def session_of(path: Path) -> ort.InferenceSession:
+def session_of(path: Path, providers: list[str]) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=providers)
 
 
-def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dict[str, float]:
-    module = exports.build(name, size)
-    dynamo = name in exports.DYNAMO_ONLY
-    one = exports.export(module, folder / f"{name}.onnx", dynamo=dynamo)
-    many = exports.export(module, folder / f"{name}-padded.onnx", dynamo=dynamo, padded=True)
+def compare(name: str, size: int, count: int, repeats: int, folder: Path, providers: list[str]) -> dict[str, float]:
+    one, many = exports.exported(name, size, folder)
     rng = np.random.default_rng(0)
     batch = instances(name, count, rng)
-    alone, pad = session_of(one), session_of(many)
+    alone, pad = session_of(one, providers), session_of(many, providers)
     pad_inputs = {info.name for info in pad.get_inputs()}
     # Always batched, to time the batched plan itself (a session's default may run a new mix
     # each alone, where it measured that faster: ``autobatch.ways``; timed below on its own).
-    ours = InferenceSession(str(one), backend="onnxruntime", threads=THREADS, alone_when_faster=False)
+    ours = InferenceSession(str(one), None, providers, threads=THREADS, alone_when_faster=False)
     start = time.perf_counter()
     first = ours.run_batch(None, batch)
     seconds = {"ours, first call (plans, prepares)": time.perf_counter() - start}
@@ -95,7 +93,7 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path) -> dic
         np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5, err_msg=name)
     # ``chosen`` is a session with its defaults: it runs each new mix batched or each text alone,
     # whichever it measured faster (``autobatch.ways``), once it has measured both.
-    chosen = InferenceSession(str(one), backend="onnxruntime", threads=THREADS)
+    chosen = InferenceSession(str(one), None, providers, threads=THREADS)
     # A server's steady state: every length seen once (its shapes typed, its templates made), then
     # each call a mix of lengths never batched together before.
     if name != "cnn":  # (images: most of their 49^2 sizes are new in each mix)
@@ -151,16 +149,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--texts", type=arguments.integer(1), default=64)
     parser.add_argument("--repeats", type=arguments.integer(1), default=5)
     parser.add_argument("--json", type=Path, help="write the times here")
+    parser.add_argument("--exports", type=Path, help="a folder of the exports, made there by an earlier run "
+                        "(PyTorch needed) where missing; by default a temporary one")
+    arguments.add_providers(parser)
     args = parser.parse_args(argv)
-    names = args.models.split(",")
-    unknown = [name for name in names if name not in exports.MODELS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}: choose from {', '.join(exports.MODELS)}")
-    print(f"{THREADS} threads; fastest of {args.repeats} runs; every batched result checked against onnxruntime alone")
+    names = exports.model_names(parser, args.models)
+    providers = arguments.providers(args.providers)
+    print(f"onnxruntime on {providers[0]}, {THREADS} threads; fastest of {args.repeats} runs; every batched result checked against onnxruntime alone")
     results = {}
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = args.exports or Path(temporary)
+        folder.mkdir(parents=True, exist_ok=True)
         for name in names:
-            results[name] = compare(name, args.size, args.texts, args.repeats, Path(folder))
+            results[name] = compare(name, args.size, args.texts, args.repeats, folder, providers)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

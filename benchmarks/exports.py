@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-VOCABULARY = 100
-MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn")
-DYNAMO_ONLY = frozenset({"encoder"})  # the legacy exporter writes its head split for the traced length only
+from benchmarks.export_files import DYNAMO_ONLY, MODELS, VOCABULARY
+
+__all__ = ["DYNAMO_ONLY", "MODELS", "VOCABULARY", "build", "export"]
 
 
 class Tagger(torch.nn.Module):

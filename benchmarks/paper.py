@@ -38,6 +38,7 @@ from benchmarks import peers_dynet, peers_torch
 from benchmarks.tasks import TASKS, Task, build
 
 THREADS = 2
+PROVIDERS: list[str] | None = None  # onnxruntime's for our runs: main sets them by --providers
 SCHEDULERS = ("depth", "agenda", "level")
 BACKENDS = ("numpy", "onnxruntime")
 FORMS = ("primitive", "cells", "sequences", "fold")  # a task's forms are those its example has
@@ -88,7 +89,7 @@ def run_ours(task: Task, instances: Sequence[Any], form: str, backend: str, sche
     """One minibatch in one Batch (parser: run_programs over one Batch), timed in parts."""
     fn = task.functions()[form]
     params = task.params
-    batch = Batch(backend=backend, scheduler=scheduler, threads=THREADS)
+    batch = Batch(backend=backend, scheduler=scheduler, threads=THREADS, providers=PROVIDERS)
     run_s = 0.0
     start = time.perf_counter()
     if task.is_parser:
@@ -545,7 +546,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile our fastest variant of each task")
     parser.add_argument("--no-dynet", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
+    arguments.add_providers(parser)
     args = parser.parse_args(argv)
+    global PROVIDERS
+    PROVIDERS = arguments.providers(args.providers)
     if args.quick:
         args.minibatch, args.size, args.repeats, args.one_at_a_time = 3, 32, 0, 3
         args.plot = args.plot and None
@@ -553,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
 
     print(f"machine: {os.cpu_count()} CPUs ({cpu_model()}); python {platform.python_version()}; numpy {np.__version__}; "
-          f"onnxruntime {onnxruntime.__version__}; threads {THREADS}")
+          f"onnxruntime {onnxruntime.__version__} on {PROVIDERS[0]}; threads {THREADS}")
     peak = gemm_peak()
     print(f"numpy float32 GEMM peak (1024^3, same run): {peak:.1f} GFLOP/s")
     records, failures = [], []

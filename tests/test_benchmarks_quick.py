@@ -93,6 +93,24 @@ def test_exported_models_benchmark_checks_and_compares(capsys, tmp_path) -> None
         "ours, run_batch as a session chooses, a new mix each call (lengths seen)"}
 
 
+def test_exported_models_benchmark_reads_a_folder_of_exports_written_before(capsys, tmp_path) -> None:
+    """As ``gpu_check.sh`` runs it where PyTorch is missing: the exports are written first
+    (``benchmarks.export_files``), then read, not written again, on the providers asked for."""
+    pytest.importorskip("torch")
+    from benchmarks import export_files, exported_models
+
+    export_files.main([str(tmp_path), "--models", "lstm", "--size", "8"])
+    written = {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
+    assert set(written) == {"lstm-8.onnx", "lstm-8-padded.onnx"}
+    exported_models.main(["--models", "lstm", "--size", "8", "--texts", "3", "--repeats", "1",
+                          "--exports", str(tmp_path), "--providers", "cpu"])
+    assert "onnxruntime on CPUExecutionProvider" in capsys.readouterr().out
+    assert {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == written
+    with pytest.raises(SystemExit):
+        export_files.main([str(tmp_path), "--models", "lstm,resnet"])
+    assert "unknown model 'resnet'" in capsys.readouterr().err
+
+
 def test_serving_load_serves_an_exported_model_with_nothing_lost_or_wrong(capsys) -> None:
     """A real ``autobatch serve`` on loopback, batching on and off, for the LSTM tagger as
     PyTorch exports it: every answer checked against the instance run alone."""
