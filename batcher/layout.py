@@ -1,0 +1,322 @@
+"""The plan's memory: where each value lives (an arena row, a block's rows, a loose value),
+and the steps that read and write there, made from a schedule's groups of one class
+(``batcher.flat``'s planner; ``batcher.classing`` gives the classes and their templates)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
+from autobatch.batcher.padding import Padding, padded_chunks
+from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, NotFlat, Padded, Pieces,
+                                    RowReduction, Rows, Runs, Shaped, Step, Template, Unpadded)
+from autobatch.batcher.rules import Refusal
+from autobatch.ir import ValueType, attribute_value
+from autobatch.ir.records import LEAF, Record
+from autobatch.ir.types import type_of_value
+
+# Where the planner keeps a value: ``arena << ROW_BITS | row``, one int (cheap to store, and a
+# run of rows is a range of ints).
+ROW_BITS = 40
+ROW_MASK = (1 << ROW_BITS) - 1
+PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
+
+
+class Layout:
+    """The steps of a plan and where their values live (a part of ``flat._Planner``)."""
+
+    # ------------------------------------------------------------------ steps
+    def steps(self, members: list[Record], cls: int) -> list[Step]:
+        """The launches of a class's members scheduled together: one, or one a member where the
+        rule refuses their number."""
+        template = self.templates[cls]
+        if isinstance(template, Fold):
+            return [self._fold_step(members)]
+        if isinstance(template, Padding):
+            return [step for chunk in padded_chunks(members) for step in self._padded_steps(chunk, template)]
+        if isinstance(template, RowReduction) or isinstance(template, Template) and template.ragged:
+            return [self._ragged_step(members, template)]
+        if isinstance(template, str):  # PER_SIZE
+            template = self._template(members[0], len(members))
+            if isinstance(template, Refusal):
+                solo = self._template(members[0], None, solo=template.reason)
+                return [self._step([member], solo) for member in members]  # type: ignore[arg-type]
+        return [self._step(members, template)]
+
+    def _step(self, members: list[Record], template: Template | None) -> Step:
+        first = members[0]
+        outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
+        if template is None:  # a sum of terms
+            terms = [name for member in members for name in member.inputs]
+            offsets = np.cumsum([0] + [len(m.inputs) for m in members[:-1]], dtype=np.intp)
+            return Step(None, len(members), [self._rows(terms)], [], [self._write(first, 0, outputs[0], False)],
+                        offsets)
+        if template.solo:  # one member: its own value (all of its rows where it is kept in a block)
+            reads = [self.where(first.inputs[i]) for i in template.stacked]
+            reads += [self.where(outside) for _, outside, _ in first.captured]
+            writes = [self._write(first, k, names, True) if stackable(first.types[k]) else self._loose(names[0])
+                      for k, names in enumerate(outputs) if names[0]]
+            return Step(template, 1, reads, [first.inputs[i] for i in template.fed], writes)
+        inputs = list(zip(*[member.inputs for member in members]))  # per input, its name in each member
+        reads = [self._rows(inputs[i]) for i in template.stacked]
+        writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
+        return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
+
+    def _padded_steps(self, chunk: list[Record], padded: Padding) -> list[Step]:
+        """A chunk's launch: its last (longest) member's template over every member's operands
+        padded to that member's shapes (``batcher.padding``); a plain step where their shapes
+        agree, one a member where the rule refuses their number."""
+        top = chunk[-1]
+        template = self._template(top, None)
+        if template == PER_SIZE:
+            template = self._template(top, len(chunk))
+        if isinstance(template, Refusal):
+            return [self._step([member], self._template(member, None, solo=template.reason)) for member in chunk]  # type: ignore[arg-type]
+        assert isinstance(template, Template)
+        if all(member.key == top.key for member in chunk):
+            return [self._step(chunk, template)]
+        fills = dict(padded.fills)
+        reads = [(LITERALS, Padded(Pieces(self.where(member.inputs[i]) for member in chunk), tuple(top.entries[i].shape),
+                                   fills.get(i), tuple(tuple(member.entries[i].shape) for member in chunk)))
+                 for i in template.stacked]
+        writes = [Unpadded([self._write(member, k, [member.outputs[k]], False) for member in chunk],
+                           tuple(tuple(member.types[k].shape) for member in chunk))
+                  for k, name in enumerate(top.outputs) if name]
+        return [Step(template, len(chunk), reads, [top.inputs[i] for i in template.fed], writes)]
+
+    def _loose(self, name: str) -> tuple[int, str]:
+        self.loose.add(name)
+        return LOOSE, name
+
+    def _ragged_step(self, members: list[Record], template: Template | RowReduction) -> Step:
+        """Members ordered by length (stable: the order of an earlier ragged step over the same
+        instances, whose blocks are then read as views)."""
+        data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
+        axis, out_axes = (template.length_axis, template.out_axes) if isinstance(template, Template) else (0, ())
+        members, lengths, groups, bounds = _by_length(members, data, axis)
+        inputs = list(zip(*[member.inputs for member in members]))
+        sequences = isinstance(template, Template) and template.sequences
+        stacked = [data] if isinstance(template, RowReduction) or sequences else template.stacked
+        reads = [self._ragged_read(inputs[i], bounds, members[0].entries[i], axis) for i in stacked]
+        outputs = list(zip(*[member.outputs for member in members]))
+        # A reduction of each member's rows (a ReduceSum or ReduceMean itself, or a loss a row
+        # reduced): one output, of one shape, K rows of one arena.
+        segment = template if isinstance(template, RowReduction) else template.segment
+        if segment is not None:
+            offsets = np.cumsum([0] + lengths[:-1], dtype=np.intp)
+            run = template if isinstance(template, Template) else None
+            fed = [members[0].inputs[i] for i in run.fed] if run is not None else []
+            return Step(run, len(members), reads, fed, [self._write(members[0], 0, outputs[0], False)], offsets,
+                        groups, segment)
+        # Every output a block, but a recurrent layer's final states: one row a member.
+        writes = [self._block(members[0], k, names, lengths, out_axes[k] if out_axes else 0) if k == 0 or not sequences
+                  else self._write(members[0], k, names, False) for k, names in enumerate(outputs) if names[0]]
+        return Step(template, len(members), reads, [members[0].inputs[i] for i in template.fed], writes,
+                    groups=groups)
+
+    def _fold_step(self, members: list[Record]) -> Step:
+        """Every member's tree at once (``batcher.folds``): ordered by their numbers of leaves,
+        their leaf inputs read as one run of rows, their states written as blocks."""
+        members, _, groups, bounds = _by_length(members, 0, 0)
+        leaves = self._ragged_read([member.inputs[0] for member in members], bounds, members[0].entries[0], 0)
+        matrices = [self.literals.get(member.inputs[1]) for member in members]
+        if any(matrix is None for matrix in matrices):
+            raise NotFlat("a tree fold's children must be known when traced")
+        leaf_rows, levels = tree_levels(matrices)  # type: ignore[arg-type]
+        leaf_cell, node_cell = self._fold_cells(members[0])
+        states = len(members[0].outputs)
+        inputs = [self.literals.get(member.inputs[0]) for member in members]
+        if all(value is not None and value.ndim == 1 and value.dtype.kind in "iu" for value in inputs):
+            # Leaves read known ids (words): the leaf cell runs once an id, its states repeated.
+            _, first, repeat = np.unique(np.concatenate(inputs), return_index=True, return_inverse=True)  # type: ignore[arg-type]
+            leaf = self._fold_level(leaf_cell, len(first), [(LEAF, first)], leaf_rows)
+            leaf.repeat = repeat
+        else:
+            leaf = self._fold_level(leaf_cell, len(leaf_rows), [(LEAF, slice(None))], leaf_rows)
+        launches = [leaf]
+        for nodes, left, right in levels:
+            operands = [(k, left) for k in range(states)] + [(k, right) for k in range(states)]
+            launches.append(self._fold_level(node_cell, len(nodes), operands, nodes))
+        sizes = [len(matrix) for matrix in matrices]  # type: ignore[arg-type]
+        outputs = list(zip(*[member.outputs for member in members]))
+        writes = [self._block(members[0], k, names, sizes) for k, names in enumerate(outputs)]
+        return Step(None, len(members), [leaves], [], writes, groups=groups, fold=launches)
+
+    def _fold_cells(self, first: Record) -> tuple[Record, Record]:
+        """A fold's leaf and node cell calls as records, for their templates."""
+        leaf, node, leaf_parameters, domain = (attribute_value(first.attributes[name])
+                                               for name in ("leaf", "node", "leaf_parameters", "cells"))
+        shared = list(first.inputs[2:])
+        states = state_types(first)
+        row = ValueType.tensor(first.entries[0].dtype, first.entries[0].shape[1:])
+        names = [f"s{k}" for k in range(len(states))]
+        calls = []
+        for function, operands, parameters in ((leaf, [row], shared[:leaf_parameters]),
+                                               (node, states + states, shared[leaf_parameters:])):
+            inputs = [f"x{i}" for i in range(len(operands))] + parameters
+            calls.append(Record(as_text(function), as_text(domain), inputs, names, {}, states, (*operands, *parameters),
+                                     None, []))
+        return calls[0], calls[1]
+
+    def _fold_level(self, call: Record, size: int, operands: list, nodes: np.ndarray) -> Level:
+        """One launch of a fold: ``call``'s cell batched for ``size`` members."""
+        template = self._template(call, None)
+        if template == PER_SIZE:
+            template = self._template(call, size)
+        if not isinstance(template, Template):
+            raise NotFlat(f"no batching rule takes cell {call.op_type} (a tree fold batches its cells)")
+        return Level(template, [call.inputs[i] for i in template.fed], [operands[i] for i in template.stacked], nodes)
+
+    def _ragged_read(self, names: Sequence[str], bounds: list[int], vtype: ValueType, axis: int
+                     ) -> tuple[int, Rows] | list[tuple[int, Rows]]:
+        """Every member's rows (along ``axis`` of values of the type ``vtype`` has but for its
+        length), one after the other: those of one block that keeps them as such rows, else group
+        by group."""
+        row = (-1, *vtype.shape[axis + 1:])
+        block = self._one_block(names)
+        if block is not None and self.arena_kinds[block[0]][1] == row[1:]:
+            arena, starts = block
+            return arena, _rows_of_runs(starts, np.array([self.runs[name] for name in names], dtype=np.int64))
+        return [(arena, Shaped(rows, row)) for arena, rows in (self._rows(names[lo:hi]) for lo, hi in zip(bounds, bounds[1:]))]
+
+    def _one_block(self, names: Sequence[str]) -> tuple[int, np.ndarray] | None:
+        """(the block, where each value's rows start) when every value is in one block; else None."""
+        if not all(name in self.runs for name in names):
+            return None
+        places = [self.location[name] for name in names]
+        arena = places[0] >> ROW_BITS
+        if any(place >> ROW_BITS != arena for place in places):
+            return None
+        return arena, np.array(places, dtype=np.int64) & ROW_MASK
+
+    def _rows(self, names: Sequence[str]) -> tuple[int, Rows]:
+        """The arena holding these values (one: they have one type) and their rows in it; for
+        literals only, ``LITERALS`` and their names: stacked straight from their values."""
+        literals = self.literals
+        if names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(name in literals for name in names):
+            return LITERALS, list(names)
+        if any(name in self.runs for name in names):
+            return self._rows_in_blocks(names)
+        places = list(map(self.location.__getitem__, names))
+        first = places[0]
+        arena, row = _place(first)
+        if places == list(range(first, first + len(places))):
+            return arena, slice(row, row + len(places))
+        return arena, np.array(places, dtype=np.int64) & ROW_MASK
+
+    def _rows_in_blocks(self, names: Sequence[str]) -> tuple[int, Rows]:
+        """Values of one shape ``[length, ...]``, some or all kept in blocks: ``Runs`` of one
+        block, else ``Pieces``."""
+        block = self._one_block(names)
+        if block is not None:
+            arena, starts = block
+            length = self.runs[names[0]]
+            shape = self.shaped.get(names[0]) or (length, *self.arena_kinds[arena][1])
+            return arena, Runs(_rows_of_runs(starts, np.full(len(names), length)), length, shape)
+        return LITERALS, Pieces(self.where(name) for name in names)
+
+    def where(self, name: str) -> tuple[int, int | slice | str]:
+        """(arena, row) of a value, or (arena, its rows) for one kept in a block, or (``LOOSE``,
+        its name) for a loose value (a weight read by a subgraph, too)."""
+        if name in self.loose or name in self.weights or name not in self.location and name in self.literals \
+                and not stackable(type_of_value(self.literals[name])):
+            return LOOSE, name
+        arena, row = _place(self.location[name])
+        length = self.runs.get(name)
+        if length is None:
+            return arena, row
+        shape = self.shaped.get(name)
+        return (arena, slice(row, row + length)) if shape is None else (arena, Shaped(slice(row, row + length), shape))
+
+    def _block(self, first: Record, k: int, names: Sequence[str], lengths: list[int], axis: int = 0) -> Block:
+        """An arena of its own for output ``k`` of a ragged step: each member's rows (as many as
+        its length, along ``axis``) after the previous member's."""
+        vtype = first.types[k]
+        arena = len(self.rows)
+        row = tuple(vtype.shape[axis + 1:])
+        if axis:
+            self.shaped.update((name, (*vtype.shape[:axis], length, *row)) for name, length in zip(names, lengths))
+        self.arena_kinds.append((vtype.elem_type, row))
+        self.rows.append(sum(lengths))
+        self.blocks.add(arena)
+        starts = itertools.accumulate(lengths, initial=arena << ROW_BITS)
+        self.location.update(zip(names, starts))
+        self.runs.update(zip(names, lengths))
+        return Block(arena)
+
+    def _write(self, first: Record, k: int, names: Sequence[str], once: bool) -> tuple[int, int]:
+        """Rows for output ``k`` (``names``: its name in each member; one row for all when
+        ``once``): (arena, first row)."""
+        vtype = first.types[k]
+        arena = self.arena((vtype.elem_type, vtype.shape))
+        start = self.rows[arena]
+        self.rows[arena] += 1 if once else len(names)
+        base = arena << ROW_BITS | start
+        self.location.update(zip(names, itertools.repeat(base) if once else range(base, base + len(names))))
+        return arena, start
+
+
+
+
+class Locations(dict):
+    """Planner locations by value name; a missing one is a literal's, placed by ``place``."""
+
+    def __init__(self, place: Callable[[str], int]) -> None:
+        super().__init__()
+        self.place = place
+
+    def __missing__(self, name: str) -> int:
+        location = self[name] = self.place(name)
+        return location
+
+
+def _place(location: int) -> tuple[int, int]:
+    """(arena, row) of a planner location."""
+    return location >> ROW_BITS, location & ROW_MASK
+
+
+def _by_length(members: list[Record], data: int, axis: int) -> tuple[list[Record], list[int], list[tuple[int, int]],
+                                                                           list[int]]:
+    """Members ordered by the length of operand ``data`` along ``axis`` (stably), their
+    lengths, the groups of one length (length, count) and where each group starts and ends."""
+    members = sorted(members, key=lambda member: member.entries[data].shape[axis])
+    lengths = [member.entries[data].shape[axis] for member in members]
+    groups = [(length, len(list(same))) for length, same in itertools.groupby(lengths)]
+    bounds = list(itertools.accumulate([count for _, count in groups], initial=0))
+    return members, lengths, groups, bounds
+
+
+def row_indices(rows: Rows) -> Rows:
+    """The rows a read takes from its arena, without the ``Runs`` and ``Shaped`` around them."""
+    while isinstance(rows, (Runs, Shaped)):
+        rows = rows.rows
+    return rows
+
+
+def node_of(record: Record) -> str:
+    """The name of a record's first output in its instance's graph (``mix_records`` prefixes it)."""
+    name = record.outputs[0] if record.outputs else ""
+    prefix = f"i{record.instance}/"
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def as_text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _rows_of_runs(starts: np.ndarray, lengths: np.ndarray) -> slice | np.ndarray:
+    """The rows of runs (``lengths[j]`` rows from ``starts[j]``) one after the other: a slice
+    when each run follows the last."""
+    ends = starts + lengths
+    if np.array_equal(starts[1:], ends[:-1]):
+        return slice(int(starts[0]), int(ends[-1]))
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+
+
+def stackable(vtype: ValueType | None) -> bool:
+    """Whether values of this type live in an arena: tensors of a static shape and an element
+    type NumPy holds (the others are loose)."""
+    return vtype is not None and vtype.is_static and vtype.elem_type in ARENA_TYPES
