@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import ModelProto, helper
 
 from autobatch.backends import FeedError, Interpreter, evaluate
@@ -24,17 +22,19 @@ from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
-from autobatch.batcher import BatchReport, get_scheduler
+from autobatch.batcher import get_scheduler
 from autobatch.batcher.instances import InstanceRecords, instance_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
 from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.executors import BACKENDS, flat_executor
+from autobatch.feed_keys import input_signature, values_key
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
 from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import WorkLimit, work_limit
-from autobatch.ir.types import type_of_value, type_text
+from autobatch.ir.types import type_of_value
+from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
 from autobatch.typed_instances import SharedConstants, plan_instances, typed_instance
 from autobatch.ways import ALONE, BATCHED, WayChooser
 
@@ -49,69 +49,6 @@ PLANS_KEPT = 256  # plans, per mix of input signatures
 KEYS_KEPT = 65536  # what flat plans learnt of record keys
 UNROLLED_NODES_KEPT = 500_000  # nodes of the control-flow instances last unrolled (``check`` unrolls what
 # ``run_batch`` then runs): a cap on nodes, not instances, as one instance may unroll into 100,000
-
-
-@dataclass
-class SessionStats:
-    """The last ``run_batch``: its batching report, what ran, and seconds per phase."""
-
-    instances: int
-    report: BatchReport | None  # None: every instance ran alone
-    plan_cached: bool = False
-    launches: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
-    whole_plan: bool = False  # the plan ran as one onnxruntime session (``backends.whole_plan``)
-    alone: int = 0  # instances run each alone, as measured faster than batching them (``autobatch.ways``)
-    why_alone: str = ""
-    at_once: int = 1  # instances run alone at once, each on its thread (``backends.parallel_runs``)
-
-    @property
-    def copies_avoided(self) -> int:
-        return self.report.gathers_avoided if self.report is not None else 0
-
-    def __str__(self) -> str:
-        timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
-        if self.report is None:
-            at_once = f", {self.at_once} at once" if self.at_once > 1 else ""
-            return f"{self.instances} instances, each run alone{at_once} ({self.why_alone}); {timing}"
-        cached = " (cached plan" + (", one onnxruntime session)" if self.whole_plan else ")") if self.plan_cached else ""
-        return f"{self.instances} instances{cached}: {self.report}; {self.launches} launches executed; {timing}"
-
-
-@dataclass(frozen=True)
-class NodeArg:
-    """An input or output as onnxruntime's ``NodeArg`` describes it: a dimension is its size,
-    its symbolic name, or None; the type reads like ``tensor(float)`` or ``seq(tensor(int64))``."""
-
-    name: str
-    shape: list[int | str | None] | None
-    type: str
-
-    @classmethod
-    def of(cls, graph: Graph, name: str) -> NodeArg:
-        vtype = graph.values[name].type
-        if vtype is None:
-            return cls(name, None, "unknown")
-        return cls(name, list(vtype.shape) if vtype.shape is not None else None, _type_name(vtype.proto))
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    """What onnxruntime's ``get_modelmeta()`` gives."""
-
-    producer_name: str
-    graph_name: str
-    domain: str
-    description: str
-    graph_description: str
-    version: int
-    custom_metadata_map: dict[str, str]
-
-
-def _type_name(proto: Any) -> str:
-    """onnxruntime's words for a type: ``tensor(float)``, ``seq(tensor(int64))``, ``map(int64,tensor(float))``."""
-    return type_text(proto, lambda _kind, tensor: f"tensor({onnx.TensorProto.DataType.Name(tensor.elem_type).lower()})",
-                     key_separator=",")
 
 
 @dataclass
@@ -244,7 +181,7 @@ class InferenceSession:
             if self._whole_model_runs(feeds):
                 return run_session(self._single.session.run, names, feeds)
             # onnxruntime for all but the recurrent layer, as when batched
-            key = None if self._control_flow else (_input_signature(feeds),)
+            key = None if self._control_flow else (input_signature(feeds),)
             return self._run_batched(names, [feeds], key, {}, time.perf_counter())[0]
         try:
             with work_limit(self.max_unrolled_nodes):
@@ -295,7 +232,7 @@ class InferenceSession:
                 checked.append(check_feeds(self.graph, feeds))
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
-        key = None if self._control_flow else tuple(_input_signature(feeds) for feeds in checked)
+        key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
         kept = key is not None and key in self._flat_plans
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         at_once = self._at_once(checked) if way == ALONE else None
@@ -427,7 +364,7 @@ class InferenceSession:
         signature (with control flow, for each instance: it unrolls by its values)."""
         if self._control_flow:
             return instance_records(self._typed_graph(feeds))
-        signature = _input_signature(feeds)
+        signature = input_signature(feeds)
         records = self._instance_records.get(signature)
         if records is None:
             records = self._instance_records[signature] = instance_records(self._typed_graph(feeds))
@@ -447,7 +384,7 @@ class InferenceSession:
         LSTM tagger 2x slower)."""
         if unrolled is not None:
             return _aborts_onnxruntime(unrolled)
-        key = _input_signature(feeds)
+        key = input_signature(feeds)
         aborts = self._aborts.get(key)
         if aborts is None:
             aborts = self._aborts[key] = _aborts_onnxruntime(self._typed_graph(feeds))
@@ -457,7 +394,7 @@ class InferenceSession:
         """The model with its inputs' concrete types and every value's shape inferred, cached
         per distinct input signature; a model with control flow unrolled for these values."""
         if self._control_flow:
-            key = _values_key(feeds)
+            key = values_key(feeds)
             graph = self._unrolled.get(key)
             if graph is None:
                 try:
@@ -467,7 +404,7 @@ class InferenceSession:
                 constants_to_initializers(graph)
                 self._unrolled.add(key, graph)
             return graph
-        key = _input_signature(feeds)
+        key = input_signature(feeds)
         graph = self._typed.get(key)
         if graph is None:
             graph = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()})
@@ -501,27 +438,3 @@ class _NodeBudget:
 
 def _aborts_onnxruntime(graph: Graph) -> bool:
     return any(might_abort_onnxruntime(graph, node) for node in graph.nodes.values())
-
-
-def _input_signature(feeds: Mapping[str, Any]) -> tuple:
-    return tuple((name, _value_key(value)) for name, value in sorted(feeds.items()))
-
-
-def _values_key(feeds: Mapping[str, Any]) -> tuple:
-    """The feeds by value (a control-flow instance unrolls by its values, not only its shapes)."""
-    return tuple((name, _value_key(value), _digest(value)) for name, value in sorted(feeds.items()))
-
-
-def _digest(value: Any) -> bytes:
-    if isinstance(value, list):
-        return hashlib.sha1(b"".join(map(_digest, value))).digest()
-    return b"none" if value is None else hashlib.sha1(np.ascontiguousarray(value).tobytes()).digest()
-
-
-def _value_key(value: Any) -> tuple:
-    """What a plan depends on in a value: a tensor's dtype and shape, a sequence's elements'."""
-    if isinstance(value, list):
-        return ("sequence", *map(_value_key, value))
-    if value is None:
-        return ("none",)
-    return value.dtype.str, value.shape
