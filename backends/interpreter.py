@@ -17,7 +17,7 @@ from autobatch.backends import control_flow, kernels
 from autobatch.backends.reference_ops import ReferenceOps
 from autobatch.ir import Graph, Node, accepts, captured_names
 from autobatch.ir.limits import DeadlineExceeded, WorkLimit, check_deadline
-from autobatch.ir.graph import schema_version
+from autobatch.ir.nodes import schema_version
 
 # (inputs, environment for subgraph captures) -> outputs
 NodeImpl = Callable[[list[Any], dict[str, Any]], list[Any]]
