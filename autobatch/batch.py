@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 from onnx.helper import np_dtype_to_tensor_dtype
 
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.backends.lowering import drop_unread, lower_plan
+from autobatch.backends.graph_tidy import drop_unread
+from autobatch.backends.lowering import lower_plan
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache

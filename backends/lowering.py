@@ -19,6 +19,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
+from autobatch.backends.graph_tidy import constant_nodes_to_initializers, drop_unread
 from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
 from autobatch.batcher.sequences import CHUNK
 from autobatch.ir.onnx_io import choose_ir_version
@@ -455,53 +456,11 @@ def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: 
     model = helper.make_model(graph, opset_imports=opsets, functions=list(lowering.functions.values()))
     model = onnx.inliner.inline_local_functions(model)
     drop_unread(model.graph)
-    _constants_to_initializers(model.graph)
+    constant_nodes_to_initializers(model.graph)
     del model.opset_import[:]
     model.opset_import.extend(opset for opset in opsets if opset.domain != DOMAIN)
     model.ir_version = choose_ir_version(model, None)
     return model
-
-
-def drop_unread(graph: onnx.GraphProto) -> None:
-    """Nodes none of whose outputs is read (a template's constant its step's members never use),
-    and initializers nothing reads: onnxruntime would warn of each."""
-    read = {output.name for output in graph.output}
-    kept = []
-    for node in reversed(graph.node):
-        if read.isdisjoint(node.output):
-            continue
-        kept.append(node)
-        read.update(_names_read(node))
-    del graph.node[:]
-    graph.node.extend(reversed(kept))
-    initializers = [tensor for tensor in graph.initializer if tensor.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
-
-
-def _names_read(node: onnx.NodeProto) -> set[str]:
-    """Its inputs and every name its subgraphs read (some from the enclosing graph)."""
-    names = set(node.input)
-    for attribute in node.attribute:
-        for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-            for inner in subgraph.node:
-                names |= _names_read(inner)
-    return names
-
-
-def _constants_to_initializers(graph: onnx.GraphProto) -> None:
-    """The templates' constants (Constant nodes once inlined) as initializers, as exporters write them."""
-    kept = []
-    for node in graph.node:
-        if node.op_type == "Constant" and not node.domain and [a.name for a in node.attribute] == ["value"]:
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(node.attribute[0].t)
-            tensor.name = node.output[0]
-            graph.initializer.append(tensor)
-        else:
-            kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
 
 
 class _Order(list):
