@@ -67,13 +67,15 @@ def _tensors(op: str, *values: Operand) -> list[Tensor]:
 def _elementwise(op_type: str, *values: Operand, attrs: dict | None = None, dtype: Any = None) -> Tensor:
     inputs = _tensors(op_type, *values)
     shape = inputs[0].shape
-    if any(t.shape != shape for t in inputs):
-        try:
-            shape = np.broadcast_shapes(*(t.shape for t in inputs))
-        except ValueError:
-            raise TraceError(f"{op_type}: shapes {[t.shape for t in inputs]} do not broadcast") from None
+    for t in inputs:  # a loop, not any(): a generator costs every traced op more than the test
+        if t.shape != shape:
+            try:
+                shape = np.broadcast_shapes(*(t.shape for t in inputs))
+            except ValueError:
+                raise TraceError(f"{op_type}: shapes {[t.shape for t in inputs]} do not broadcast") from None
+            break
     batch = inputs[0].batch
-    return batch.record(op_type, inputs, [shape], [dtype or inputs[0].dtype], attrs)[0]
+    return batch.record_one(op_type, inputs, shape, dtype or inputs[0].dtype, attrs)
 
 
 # ----------------------------------------------------------------------------- elementwise
@@ -155,7 +157,7 @@ def matmul(a: Operand, b: Operand) -> Tensor:
     shape = _matmul_shape(x.shape, w.shape)
     if shape is None:
         raise TraceError(f"MatMul: shapes {x.shape} and {w.shape} do not match")
-    return x.batch.record("MatMul", [x, w], [shape], [x.dtype])[0]
+    return x.batch.record_one("MatMul", [x, w], shape, x.dtype)
 
 
 def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -189,7 +191,7 @@ def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
         raise TraceError(f"Concat on axis {axis}: shapes {[t.shape for t in inputs]} do not fit")
     shape = list(inputs[0].shape)
     shape[axis] = sum(t.shape[axis] for t in inputs)
-    return inputs[0].batch.record("Concat", inputs, [tuple(shape)], [inputs[0].dtype], attributes(axis=axis))[0]
+    return inputs[0].batch.record_one("Concat", inputs, tuple(shape), inputs[0].dtype, attributes(axis=axis))
 
 
 def stack(xs: Sequence[Operand]) -> Tensor:
@@ -199,7 +201,7 @@ def stack(xs: Sequence[Operand]) -> Tensor:
         raise TraceError(f"stack: shapes {[t.shape for t in inputs]} differ")
     batch = inputs[0].batch
     axis_0 = batch.shared_constant([0])
-    rows = [batch.record("Unsqueeze", [t, axis_0], [(1, *t.shape)], [t.dtype])[0] for t in inputs]
+    rows = [batch.record_one("Unsqueeze", [t, axis_0], (1, *t.shape), t.dtype) for t in inputs]
     return concat(rows, axis=0)
 
 
@@ -221,7 +223,7 @@ def reshape(x: Operand, shape: Sequence[int]) -> Tensor:
         raise TraceError(f"Reshape: {t.shape} cannot become {target}")
     # A 0 here means a dimension of size 0; ONNX reads it as "copy the input's" unless allowzero.
     attrs = attributes(allowzero=1) if 0 in target else None
-    return t.batch.record("Reshape", [t, t.batch.shared_constant(target)], [target], [t.dtype], attrs)[0]
+    return t.batch.record_one("Reshape", [t, t.batch.shared_constant(target)], target, t.dtype, attrs)
 
 
 def transpose(x: Operand, perm: Sequence[int] | None = None) -> Tensor:
@@ -229,7 +231,7 @@ def transpose(x: Operand, perm: Sequence[int] | None = None) -> Tensor:
     perm = tuple(perm) if perm is not None else tuple(reversed(range(t.ndim)))
     if sorted(perm) != list(range(t.ndim)):
         raise TraceError(f"Transpose: {perm} is not a permutation of the axes of {t.shape}")
-    return t.batch.record("Transpose", [t], [tuple(t.shape[p] for p in perm)], [t.dtype], attributes(perm=perm))[0]
+    return t.batch.record_one("Transpose", [t], tuple(t.shape[p] for p in perm), t.dtype, attributes(perm=perm))
 
 
 def index(x: Operand, key: Any) -> Tensor:
@@ -242,7 +244,7 @@ def index(x: Operand, key: Any) -> Tensor:
         length = max(0, stop - start)
         batch = t.batch
         bounds = [batch.shared_constant([start]), batch.shared_constant([stop]), batch.shared_constant([0])]
-        return batch.record("Slice", [t, *bounds], [(length, *t.shape[1:])], [t.dtype])[0]
+        return batch.record_one("Slice", [t, *bounds], (length, *t.shape[1:]), t.dtype)
     return pick(t, key)
 
 
@@ -274,7 +276,7 @@ def pick(x: Operand, i: Any) -> Tensor:
         position = i
     if t is None:
         t = batch.parameter(x)
-    return batch.record("Gather", [t, position], [(*position.shape, *t.shape[1:])], [t.dtype], _AXIS_0)[0]
+    return batch.record_one("Gather", [t, position], (*position.shape, *t.shape[1:]), t.dtype, _AXIS_0)
 
 
 def _python_index(i: Any) -> int:
@@ -349,23 +351,23 @@ def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, d
         raise TraceError(f"{op} ({direction}, gates {order}) over x {t.shape}: W, R and B must be {expected}, got "
                          f"{[w.shape, r.shape, *(v.shape for v in b)]}")
     batch, n = t.batch, t.shape[0]
-    sequence = batch.record("Unsqueeze", [t, batch.shared_constant([1])], [(n, 1, t.shape[1])], [t.dtype])[0]
+    sequence = batch.record_one("Unsqueeze", [t, batch.shared_constant([1])], (n, 1, t.shape[1]), t.dtype)
     y, last = batch.record(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2,
                            attributes(hidden_size=hidden, direction=direction, **extra))
-    y = batch.record("Flatten", [y], [(n, dirs * hidden)], [t.dtype], _FROM_AXIS_1)[0]
-    last = batch.record("Reshape", [last, batch.shared_constant([dirs * hidden])], [(dirs * hidden,)], [t.dtype])[0]
+    y = batch.record_one("Flatten", [y], (n, dirs * hidden), t.dtype, _FROM_AXIS_1)
+    last = batch.record_one("Reshape", [last, batch.shared_constant([dirs * hidden])], (dirs * hidden,), t.dtype)
     return y, last
 
 
 # ----------------------------------------------------------------------------- normalisation and losses
 def softmax(x: Operand, axis: int = -1) -> Tensor:
     (t,) = _tensors("Softmax", x)
-    return t.batch.record("Softmax", [t], [t.shape], [t.dtype], attributes(axis=axis))[0]
+    return t.batch.record_one("Softmax", [t], t.shape, t.dtype, attributes(axis=axis))
 
 
 def log_softmax(x: Operand, axis: int = -1) -> Tensor:
     (t,) = _tensors("LogSoftmax", x)
-    return t.batch.record("LogSoftmax", [t], [t.shape], [t.dtype], attributes(axis=axis))[0]
+    return t.batch.record_one("LogSoftmax", [t], t.shape, t.dtype, attributes(axis=axis))
 
 
 def pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
@@ -384,15 +386,15 @@ def softmax_cross_entropy(scores: Operand, labels: Sequence[int]) -> Tensor:
     if targets.size and not (0 <= targets.min() and targets.max() < t.shape[1]):
         raise TraceError(f"SoftmaxCrossEntropyLoss: labels {targets.min()}..{targets.max()} are not classes of "
                          f"scores {t.shape}")
-    return t.batch.record("SoftmaxCrossEntropyLoss", [t, t.batch.indices(targets)], [()], [t.dtype],
-                          attributes(reduction="sum"))[0]
+    return t.batch.record_one("SoftmaxCrossEntropyLoss", [t, t.batch.indices(targets)], (), t.dtype,
+                              attributes(reduction="sum"))
 
 
 def reduce_sum(x: Operand, axis: int | None = None) -> Tensor:
     (t,) = _tensors("ReduceSum", x)
     axes = list(range(t.ndim)) if axis is None else [axis + t.ndim if axis < 0 else axis]
     shape = tuple(d for k, d in enumerate(t.shape) if k not in axes)
-    return t.batch.record("ReduceSum", [t, t.batch.shared_constant(axes)], [shape], [t.dtype], attributes(keepdims=0))[0]
+    return t.batch.record_one("ReduceSum", [t, t.batch.shared_constant(axes)], shape, t.dtype, attributes(keepdims=0))
 
 
 def zeros(shape: Sequence[int], dtype: Any = np.float32) -> Tensor:

@@ -312,6 +312,30 @@ class Tracer:
         return self._append(op_type, domain, inputs, names, attributes, shapes, dtypes, types, entries,
                             (domain, op_type, attributes_id, entries), seen)
 
+    def record_one(self, op_type: str, inputs: Sequence[Tensor], shape: tuple[int, ...], dtype: np.dtype,
+                   attrs: dict[str, AttributeProto] | None = None) -> Tensor:
+        """``record`` of the common op, with the least work a traced op can cost: ONNX's own
+        domain, deterministic (not in ``MAYBE_NONDETERMINISTIC``), every input given, one output."""
+        attributes = attrs or _NO_ATTRIBUTES
+        attributes_id = id(attributes)
+        names = [tensor.name for tensor in inputs]
+        vtype = _tensor_type(dtype, shape)
+        seen = None
+        if self.reuse_calls:
+            seen = (op_type, "", attributes_id, *names)  # as ``record`` makes it: either may reuse the other's
+            if seen in self._calls:
+                return self._outputs_again(seen, (shape,), (dtype,), [vtype])[0]
+        preds = self._reads(inputs)
+        entries = tuple([tensor.entry for tensor in inputs])
+        index = len(self._records)
+        if seen is not None:
+            self._calls[seen] = index
+        tensor = Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
+        self._pending.append(weakref.ref(tensor))
+        self._records.append(Record(op_type, "", names, [tensor.name], attributes, [vtype], entries,
+                                    ("", op_type, attributes_id, entries), preds, self._instance))
+        return tensor
+
     def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
         """Append a call whose signature was worked out once (a cell's, for these kinds of
         operands in this batch); its shared values are read after ``inputs``."""
@@ -328,20 +352,8 @@ class Tracer:
     def _append(self, op_type: str, domain: str, inputs: Sequence[Tensor | None], names: list[str],
                 attributes: dict[str, AttributeProto], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
                 types: list[ValueType], entries: tuple, key: Hashable, seen: tuple | None) -> list[Tensor]:
-        """The per-op cost of tracing, so it does as little as it can. ``seen``: the call as
-        ``reuse_calls`` knows it (None: not reused)."""
-        literals = self._literals
-        preds = []  # a record read twice is listed twice: the planner counts edges, not records
-        for tensor in inputs:
-            if tensor is None:
-                continue
-            if tensor.value is None:
-                if tensor.producer >= 0:  # else an input of the graph traced (a cell's argument)
-                    preds.append(tensor.producer)
-                elif tensor.producer == DISCARDED:
-                    raise TraceError(f"{tensor!r} was discarded before it ran: it has no value to read")
-            elif type(tensor.entry) is not str:  # per-instance data (a shared value's entry is its name)
-                literals[tensor.name] = tensor.value  # a known value is data of the graph to run
+        """An op of any kind; ``seen``: the call as ``reuse_calls`` knows it (None: not reused)."""
+        preds = self._reads(inputs)
         index = len(self._records)
         if len(shapes) == 1:  # most ops: one output, without the loops
             tensor = Tensor(self, f"t{next(self._names)}", shapes[0], dtypes[0], None, types[0], index)
@@ -357,6 +369,22 @@ class Tracer:
         self._records.append(Record(op_type, domain, names, outputs, attributes, types, entries, key, preds,
                                     self._instance))
         return tensors
+
+    def _reads(self, inputs: Sequence[Tensor | None]) -> list[int]:
+        """The records that a new record reads (one read twice is listed twice: the planner
+        counts edges, not records); known values it reads become data of the graph to run."""
+        preds = []
+        for tensor in inputs:
+            if tensor is None:
+                continue
+            if tensor.value is None:
+                if tensor.producer >= 0:  # else an input of the graph traced (a cell's argument)
+                    preds.append(tensor.producer)
+                elif tensor.producer == DISCARDED:
+                    raise TraceError(f"{tensor!r} was discarded before it ran: it has no value to read")
+            elif type(tensor.entry) is not str:  # per-instance data (a shared value's entry is its name)
+                self._literals[tensor.name] = tensor.value
+        return preds
 
     def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
                        types: list[ValueType]) -> list[Tensor]:
