@@ -80,7 +80,8 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
     for signature, count in classes.most_common(5):
         out(f"    {count:>5} x {describe(signature)}")
     if instances > 0:
-        feeds = [random_feeds(graph, np.random.default_rng(0)) for _ in range(instances)]
+        rng = np.random.default_rng(0)  # one for all: instances of different sizes, as run_batch meets them
+        feeds = [random_feeds(graph, rng) for _ in range(instances)]
         plan = _inspect_plan(graph, feeds, out)
         if draw:
             from_onnx(plan).draw(draw)
@@ -104,6 +105,8 @@ def _inspect_plan(graph: Graph, feeds: list[dict[str, np.ndarray]], out: Print) 
     report = session.stats.report
     out(f"  plan for {len(feeds)} instances (random sizes for symbolic dimensions): {report}")
     out("  launches by op: " + ", ".join(f"{op} {n}" for op, n in Counter(report.launches_by_op).most_common()))
+    for why, nodes in Counter(report.by_shape).most_common():
+        out(f"  a class per shape, {nodes} node{'s' if nodes > 1 else ''}: {why}")
     if alone is not None:
         ours = _timed(lambda: session.run_batch(None, feeds))[1]
         theirs = _timed(lambda: [alone.run(None, instance) for instance in feeds])[1]

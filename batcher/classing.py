@@ -59,7 +59,7 @@ class Classing:
         known = self.known.get(record.key)
         if known is None:
             known = self.known[record.key] = self._kind(record)
-        signature, template, ragged, one_row = known
+        signature, template, ragged, one_row, _ = known
         cls = self.class_of.get(signature)
         if cls is None:
             cls = self.class_of[signature] = len(self.classes)
@@ -78,11 +78,12 @@ class Classing:
             key = self._attributes_keys[id(attributes)] = attributes_key(attributes)
         return key
 
-    def _kind(self, record: Record) -> tuple[tuple, Template | str | None, tuple | None, list[tuple]]:
+    def _kind(self, record: Record) -> tuple[tuple, Template | str | None, tuple | None, list[tuple], str]:
         """A record's signature, its class's template, its signature without the length of its
-        rows where the op is row-wise (``batcher.ragged``), and, for a record whose values may
+        rows where the op is row-wise (``batcher.ragged``), for a record whose values may
         have one row (``[1, d]``, ``[1, 1, d]``), its signatures as such, which other classes may
-        share (``one_row_signatures``). The template of a row-wise
+        share (``one_row_signatures``), and why it is not row-wise ("" where it is, or where
+        that is not asked: a record run alone, a sum of terms). The template of a row-wise
         record is ``_MERGED_OR_NOT`` until its class is known to be merged or not."""
         signature = self._sum_key(record)
         attributes = self._attributes_key(record.attributes)
@@ -91,18 +92,19 @@ class Classing:
             loose = _loose_reason(record)
             if loose is not None:  # one member at a time, its values as they are
                 captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
-                return (*signature, captured), self._template(record, None, solo=loose), None, []
+                return (*signature, captured), self._template(record, None, solo=loose), None, [], ""
         if signature[2] == SUM_OF_TERMS:
             # No template, and no ragged signature: the class takes any number of terms, so one
             # member's (its terms counted) would not hold for the others.
-            return signature, None, None, []
+            return signature, None, None, [], ""
         opset = self.opsets.get("", 1)
-        ragged = ragged_signature(record, self.weights, opset, attributes)
+        found = ragged_signature(record, self.weights, opset, attributes)
+        ragged, not_row_wise = (None, found.reason) if isinstance(found, Refusal) else (found, "")
         one_row = []
         if ragged is None or ragged[0] in ("ragged", "reshape"):
             one_row = [other for other in one_row_signatures(record, self.weights, opset, attributes) if other != ragged]
         template = _MERGED_OR_NOT if ragged is not None or one_row else self._own_template(record)
-        return signature, template, ragged, one_row
+        return signature, template, ragged, one_row, not_row_wise
 
     def _own_template(self, record: Record) -> Template | str:
         """The template of a record's own class: its rule's, else the op for one member at a time."""
@@ -166,7 +168,8 @@ class Classing:
         class took and that differ in their shapes become one padded class, where padding is
         exact (``batcher.padding``); every record's class. By node, not by class: a class may
         hold records of two nodes of one signature (a length's two products of one shape), at
-        different depths."""
+        different depths. A node left in several classes is counted in ``by_shape``, with why
+        neither merge took it."""
         keys: list[tuple | None] = []
         by_node: dict[tuple, dict[int, Record]] = {}  # node -> its classes, a record of the node in each
         for cls, record in zip(sig.tolist(), records):
@@ -179,8 +182,14 @@ class Classing:
                 by_node.setdefault(key, {}).setdefault(cls, record)
         padded: dict[tuple, int] = {}
         for key, classes in by_node.items():
-            found = padding(list(classes.values()), self.opsets.get("", 1)) if len(classes) > 1 else None
-            if found is not None:
+            if len(classes) == 1:
+                continue
+            found = padding(list(classes.values()), self.opsets.get("", 1))
+            if isinstance(found, Refusal):
+                record = next(iter(classes.values()))
+                rows = self.known[record.key][4] or "rows of different shapes"
+                self.by_shape[f"{record.op_type}: not ragged ({rows}); not padded ({found.reason})"] += 1
+            else:
                 padded[key] = len(self.classes)
                 self.classes.append(("padded", *key))
                 self.templates.append(found)

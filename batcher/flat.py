@@ -85,7 +85,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
-                         alone=dict(reasons), launches_by_op=dict(launches_by_op))
+                         alone=dict(reasons), launches_by_op=dict(launches_by_op), by_shape=dict(planner.by_shape))
     return FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
 
 
@@ -114,6 +114,7 @@ class _Planner(Classing, Layout):
         self.first_records: list[Record] = []  # per class: its first record
         self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
         self.one_row: list[list[tuple]] = []  # per class: its signatures as one row (``_kind``)
+        self.by_shape: Counter[str] = Counter()  # "op: why" -> nodes of a model run in a class per shape
         self._attributes_keys: dict[int, tuple] = {}
         # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
         # across plans (``InferenceSession``: records kept per input signature), else per plan.

@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
 from autobatch.batcher.ragged import record_attribute
+from autobatch.batcher.rules import Refusal, refuse
 from autobatch.ir import ValueType
 
 CHUNK = 8  # instances a padded launch (as ``batcher.sequences`` chunks sequences)
@@ -49,58 +49,61 @@ class Padding:
     fills: tuple[tuple[int, tuple[int, float]], ...]
 
 
-def padding(records: list[Any], opset: int) -> Padding | None:
+def padding(records: list[Any], opset: int) -> Padding | Refusal:
     """How the records (one of each class of one node: per class, its members' types) batch
-    padded, or None where padding would change a real position's value (see the module)."""
+    padded, or a refusal saying why padding could change a real position's value (see the module)."""
     first = records[0]
-    if first.domain or any(len(r.entries) != len(first.entries) or len(r.types) != len(first.types) for r in records):
-        return None
+    if first.domain:
+        return refuse(f"an op of domain {first.domain}")
+    if any(len(r.entries) != len(first.entries) or len(r.types) != len(first.types) for r in records):
+        return refuse("members with different numbers of inputs or outputs")
     data = [i for i, entry in enumerate(first.entries) if isinstance(entry, ValueType)]
     if not data or any([i for i, e in enumerate(r.entries) if isinstance(e, ValueType)] != data for r in records):
-        return None
+        return refuse("no per-instance operand, or not the same ones for every member")
     shapes = [[r.entries[i].shape for i in data] + [t.shape if t is not None else None for t in r.types] for r in records]
     if any(shape is None for row in shapes for shape in row):
-        return None
+        return refuse("a shape not known")
     if any(len(shape) != len(other) for row in shapes for shape, other in zip(row, shapes[0])):
-        return None
+        return refuse("members whose values differ in rank")
     if any(r.entries[i].elem_type != first.entries[i].elem_type for r in records for i in data):
-        return None
+        return refuse("members whose values differ in element type")
     # Shared operands the same for every member (but a Reshape's target: the longest member's
     # is the padded shape); one instance's own constant (a mask folded for its length) is not.
     own_target = {1} if first.op_type == "Reshape" else set()
     if any(r.entries[i] != first.entries[i] for r in records for i in range(len(first.entries))
            if i not in data and i not in own_target):
-        return None
+        return refuse("a shared operand that differs between members (a constant of one instance's own)")
     op = first.op_type
     fills: dict[int, tuple[int, float]] = {}
     if op in ELEMENTWISE or op in DIVISORS and data == [0]:
         if not _broadcasts_alike(records, data):
-            return None
+            return refuse("operands that broadcast differently for different members")
     elif op == "MatMul":
         if any(len(first.entries[i].shape) < 2 for i in data) or not _broadcasts_alike(records, data, 2):
-            return None
+            return refuse("a vector operand, or operands that broadcast differently for different members")
     elif op == "Transpose":
         pass
     elif op in RESHAPES:
         if data != [0] or not _keeps_padded_axes_whole([row[0] for row in shapes], [row[1] for row in shapes]):
-            return None
+            return refuse("a per-instance shape, or a reshape that does not keep the padded axes whole")
     elif op == "Gather":  # by a shared index, along an axis no member pads
         axis = record_attribute(first, "axis", 0) % len(shapes[0][0])
         if data != [0] or len({row[0][axis] for row in shapes}) > 1:
-            return None
+            return refuse("per-instance indices, or a gather along an axis that members pad")
     elif op == "Concat":  # one operand (an exporter's past keys and values, none), or along an axis none pads
         axis = record_attribute(first, "axis", 0) % len(shapes[0][0])
-        if len(data) != len(first.entries) or len(data) > 1 and any(
-                len({row[k][axis] for row in shapes}) > 1 for k in range(len(data))):
-            return None
+        if len(data) != len(first.entries):
+            return refuse("a shared operand joined to per-instance ones")
+        if len(data) > 1 and any(len({row[k][axis] for row in shapes}) > 1 for k in range(len(data))):
+            return refuse("operands joined along an axis that members pad")
     elif op in SOFTMAX and opset >= 13:
         if data != [0]:
-            return None
+            return refuse("a per-instance operand other than the scores")
         axis = record_attribute(first, "axis", -1) % len(shapes[0][0])
         if len({row[0][axis] for row in shapes}) > 1:  # padded scores: exp(-inf - max) is 0
             fills[0] = (axis, float("-inf"))
     else:
-        return None
+        return refuse("no exact padding" + (" before opset 13" if op in SOFTMAX else ""))
     return Padding(tuple(sorted(fills.items())))
 
 

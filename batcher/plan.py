@@ -57,6 +57,9 @@ class BatchReport:
     execution: dict[str, float] = field(default_factory=dict)  # flat path: gather, kernels, scatter
     alone: dict[str, int] = field(default_factory=dict)  # "op: why" -> nodes run one at a time
     launches_by_op: dict[str, int] = field(default_factory=dict)  # flat path: op type -> its steps
+    # "op: why" -> nodes of a model whose instances ran in a class per shape (neither ragged nor
+    # padded batching took them; a mix of instances apart only)
+    by_shape: dict[str, int] = field(default_factory=dict)
 
     @property
     def lower_bound(self) -> int:
@@ -70,13 +73,20 @@ class BatchReport:
 
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in {**self.seconds, **self.execution}.items())
-        why = ", ".join(f"{n} x {reason}" for reason, n in sorted(self.alone.items(), key=lambda item: -item[1])[:3])
+        why, shapes = _most(self.alone), _most(self.by_shape)
         return (
             f"{self.nodes} nodes -> {self.launches} launches ({self.scheduler}); lower bound "
             f"{self.lower_bound} (ratio {self.ratio:.2f}); {self.fallback_nodes} nodes ran one at a time"
             f"{f' ({why})' if why else ''}; {self.gathers} gathers, {self.gathers_avoided} avoided; "
-            f"{self.merged_duplicates} duplicates merged" + (f"; {timing}" if timing else "")
+            f"{self.merged_duplicates} duplicates merged"
+            + (f"; {sum(self.by_shape.values())} nodes of the model ran a class per shape ({shapes})" if shapes else "")
+            + (f"; {timing}" if timing else "")
         )
+
+
+def _most(reasons: dict[str, int], kept: int = 3) -> str:
+    """The ``kept`` commonest reasons, with their counts."""
+    return ", ".join(f"{n} x {reason}" for reason, n in sorted(reasons.items(), key=lambda item: -item[1])[:kept])
 
 
 @dataclass(eq=False)

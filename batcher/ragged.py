@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from autobatch.batcher.folds import fold_signature
+from autobatch.batcher.rules import Refusal, refuse
 from autobatch.batcher.sequences import sequence_signature
 from autobatch.ir import ValueType, attribute_value
 from autobatch.ir.types import MISSING
@@ -46,6 +47,19 @@ SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
 ROW_RESHAPES = frozenset({"Unsqueeze", "Squeeze", "Flatten", "Reshape", "Identity"})  # they keep the elements in order
 ROW_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceLogSumExp"})
 ROW_LOSS = "SoftmaxCrossEntropyLoss"  # summed (or averaged) over rows: run per row, then a segment reduction
+# When each op is row-wise (``_row_wise``), as its refusal says otherwise.
+ROW_WISE_WHEN = {
+    **dict.fromkeys(ELEMENTWISE, "per-instance operands of one shape, kept by the result, and shared ones that do "
+                                 "not reach the rows' axis"),
+    "MatMul": "a per-instance [..., n, k] by a shared [k, m]",
+    "Gemm": "a per-instance A [n, k], not transposed, by a shared B and a shared C of a row at most",
+    "Concat": "per-instance operands along a later axis than the rows'",
+    "LayerNormalization": "over later axes than the rows', by a shared scale and bias",
+    "Gather": "a shared table on axis 0 by per-instance indices",
+    "Split": "a per-instance operand along a later axis than the rows', by shared sizes",
+    "Softmax": "over a later axis than the rows'", "LogSoftmax": "over a later axis than the rows'",
+    **dict.fromkeys(ROW_REDUCTIONS, "over later axes than the rows', by shared axes"),
+}
 
 
 def rows_of(shape: Sequence[int], axis: int | None = None) -> tuple[int, int, tuple[int, ...]] | None:
@@ -62,15 +76,15 @@ def rows_of(shape: Sequence[int], axis: int | None = None) -> tuple[int, int, tu
 
 
 def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int, attributes: tuple,
-                     axis: int | None = None, out_axis: int | None = None) -> tuple | None:
+                     axis: int | None = None, out_axis: int | None = None) -> tuple | Refusal:
     """The record's signature without the length of its rows (along ``axis`` of every value,
-    when given; else ``rows_of``'s), or None when the op is not row-wise for these operands (see
-    the module). ``record`` is an ``ir.records.Record``, ``attributes`` its ``attributes_key``. Its
+    when given; else ``rows_of``'s), or a refusal saying why the op is not row-wise for these
+    operands (see the module). ``record`` is an ``ir.records.Record``, ``attributes`` its ``attributes_key``. Its
     per-instance entries are ``("rows", element type, axis, row)``; the last item, per output,
     ``(axis, row)`` (None for an output not wanted); ``out_axis``: the outputs' axis, when given
     (else ``axis``)."""
     if record.domain:
-        return fold_signature(record, attributes)
+        return fold_signature(record, attributes) or refuse(f"an op of domain {record.domain}")
     sequences = sequence_signature(record, attributes, weights)
     if sequences is not None:
         return sequences
@@ -78,23 +92,30 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
         return _loss_signature(record, attributes)
     data = [(i, entry) for i, entry in enumerate(record.entries) if isinstance(entry, ValueType)]
     runs = [rows_of(entry.shape, axis) if entry.shape is not None else None for _, entry in data]
-    if not runs or None in runs or len({run[:2] for run in runs}) != 1:  # type: ignore[index]
-        return None
+    if not runs:
+        return refuse("no per-instance operand")
+    if None in runs:
+        return refuse("a per-instance operand of no rows (every axis 1) or of a shape not known")
+    if len({run[:2] for run in runs}) != 1:  # type: ignore[index]
+        return refuse("per-instance operands whose rows differ in axis or number")
     given = axis
     axis, length, _ = runs[0]  # type: ignore[misc]
     if length == 0 or any(0 in run[2] for run in runs):  # type: ignore[index]  # no rows: an empty reduction has a value of its own
-        return None
+        return refuse("an empty operand")
     if record.op_type in SEGMENT_REDUCTIONS and axis == 0 and segment_keepdims(record, weights, opset) is not None:
         entries = tuple(("rows", e.elem_type, 0, e.shape[1:]) if isinstance(e, ValueType) else e for e in record.entries)
         return ("segment", record.op_type, attributes, entries)
     outs = _output_rows(record, length, given if out_axis is None else out_axis)
     if outs is None:
-        return None
+        return refuse("an output whose rows are not its operands' in number")
     if _row_reshape(record, data, runs[0][2], outs):  # type: ignore[index]
         (_, only), = data
         return ("reshape", only.elem_type, axis, runs[0][2], outs[0])  # type: ignore[index]
-    if any(out is not None and out[0] != axis for out in outs) or not _row_wise(record, data, axis, weights):
-        return None
+    if any(out is not None and out[0] != axis for out in outs):
+        return refuse("an output whose rows run along another axis than its operands'")
+    if not _row_wise(record, data, axis, weights):
+        when = ROW_WISE_WHEN.get(record.op_type)
+        return refuse(f"row-wise only as {when}" if when else "not a row-wise op")
     entries = tuple(("rows", e.elem_type, axis, run[2]) if isinstance(e, ValueType) else e
                     for e, run in zip(record.entries, _aligned(record.entries, runs)))
     return ("ragged", record.op_type, attributes, entries, outs)
@@ -119,7 +140,7 @@ def one_row_signatures(record: Any, weights: Mapping[str, np.ndarray], opset: in
     else:
         pairs = [(axis, axis) for axis in ones]
     found = (ragged_signature(record, weights, opset, attributes, axis, out_axis) for axis, out_axis in pairs)
-    return list(dict.fromkeys(signature for signature in found if signature is not None))
+    return list(dict.fromkeys(signature for signature in found if signature))
 
 
 def _aligned(entries: tuple, runs: list) -> list:
@@ -223,19 +244,19 @@ def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int)
     return bool(record_attribute(record, "keepdims", 1))
 
 
-def _loss_signature(record: Any, attributes: tuple) -> tuple | None:
+def _loss_signature(record: Any, attributes: tuple) -> tuple | Refusal:
     """SoftmaxCrossEntropyLoss of per-instance scores ``[n, C]`` and labels ``[n]``, summed or
     averaged over the rows, with no class weights, its loss alone wanted."""
     scores, labels = (record.entries + (MISSING,))[:2]
     if len(record.entries) > 2 and record.inputs[2] or any(record.outputs[1:]):
-        return None
+        return refuse("a loss with class weights, or its log-probabilities wanted")
     if not (isinstance(scores, ValueType) and isinstance(labels, ValueType) and len(scores.shape) == 2
             and labels.shape == scores.shape[:1] and scores.shape[0] > 0):
-        return None
+        return refuse("a loss of other than per-instance scores [n, C] and labels [n]")
     reduction = record_attribute(record, "reduction", "mean")
     reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
     if reduction not in ("sum", "mean") or reduction == "mean" and "ignore_index" in record.attributes:
-        return None
+        return refuse(f"a loss reduced by {reduction!r}" + (" with ignore_index" if reduction == "mean" else ""))
     entries = (("rows", scores.elem_type, scores.shape[1:]), ("rows", labels.elem_type, ()))
     return ("loss", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 

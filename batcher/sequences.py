@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.batcher.rules import Refusal, refuse
 from autobatch.ir import ValueType, attribute_value
 
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
@@ -42,23 +43,23 @@ def zero_states(record: Any, weights: Mapping[str, np.ndarray]) -> frozenset[int
                      if k < len(record.inputs) and record.inputs[k] in weights and not np.any(weights[record.inputs[k]]))
 
 
-def sequence_signature(record: Any, attributes: tuple, weights: Mapping[str, np.ndarray]) -> tuple | None:
-    """The signature of a recurrent record without the length of its sequence, or None when it
-    is not the plain case (see the module). ``record`` is an ``ir.records.Record``, ``attributes``
-    its ``attributes_key``."""
+def sequence_signature(record: Any, attributes: tuple, weights: Mapping[str, np.ndarray]) -> tuple | Refusal | None:
+    """The signature of a recurrent record without the length of its sequence, a refusal when it
+    is not the plain case (see the module), None when it is not a recurrent layer. ``record`` is
+    an ``ir.records.Record``, ``attributes`` its ``attributes_key``."""
     if record.op_type not in RECURRENT or record.domain:
         return None
     x, *shared = record.entries
     if not isinstance(x, ValueType) or len(x.shape) != 3 or x.shape[1] != 1:
-        return None
-    if any(isinstance(entry, ValueType) for entry in shared):  # per-instance weights, states or lengths
-        return None
+        return refuse("a recurrent layer over other than one sequence [T, 1, d]")
+    if any(isinstance(entry, ValueType) for entry in shared):
+        return refuse("a recurrent layer with per-instance weights, states or lengths")
     zero = zero_states(record, weights)
     if any(name for k, name in enumerate(record.inputs) if SEQUENCE_LENS <= k < PEEPHOLE and k not in zero):
-        return None
+        return refuse("a recurrent layer with sequence lengths or initial states other than zeros")
     layout = record.attributes.get("layout")
     if layout is not None and attribute_value(layout) != 0:
-        return None
+        return refuse("a recurrent layer of batch-first layout")
     entries = (("rows", x.elem_type, x.shape[1:]), *(None if k in zero else entry for k, entry in enumerate(shared, 1)))
     return ("sequences", record.op_type, attributes, entries, tuple(map(bool, record.outputs)))
 

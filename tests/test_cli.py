@@ -91,6 +91,22 @@ def test_inspect_prints_ops_io_groups_and_plan(tmp_path: Path):
     assert (tmp_path / "g.svg").read_bytes().lstrip().startswith((b"<?xml", b"<svg"))
 
 
+def test_inspect_says_why_a_node_runs_a_class_per_shape(tmp_path: Path):
+    """Instances of random, different lengths: a Concat along the length axis is neither ragged
+    nor padded, and inspect says why, beside its launches."""
+    source = tmp_path / "concat.onnx"
+    onnx.save(onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 2] x) => (float[1, M, 2] y) {
+        s = Sigmoid(x)
+        y = Concat<axis = -2>(s, x) }"""), source)
+    result = autobatch_cli("inspect", str(source), "--instances", "6")
+    assert result.returncode == 0, result.stderr
+    launches = next(line for line in result.stdout.splitlines() if "launches by op:" in line)
+    assert "Sigmoid 1" in launches and "Concat 1," not in launches  # ragged Sigmoid; a Concat per length
+    assert ("a class per shape, 1 node: Concat: not ragged (an output whose rows are not its operands' in number); "
+            "not padded (operands joined along an axis that members pad)") in result.stdout
+
+
 @pytest.mark.parametrize("command", ["inspect", "rewrite", "run"])
 def test_missing_and_non_onnx_files(tmp_path: Path, command: str):
     extra = {"inspect": [], "rewrite": ["-o", str(tmp_path / "o.onnx")],

@@ -94,3 +94,8 @@ def test_concat_along_a_padded_axis_is_not_padded(backend):
     lengths = [2, 2, 3, 5]
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 2)).astype(np.float32)} for n in lengths])
     assert session.stats.report.launches_by_op["Concat"] == len(set(lengths))
+    # and the plan says why neither ragged nor padded batching took it
+    assert session.stats.report.by_shape == {
+        "Concat: not ragged (an output whose rows are not its operands' in number); "
+        "not padded (operands joined along an axis that members pad)": 1}
+    assert "1 nodes of the model ran a class per shape (1 x Concat: not ragged" in str(session.stats.report)
