@@ -184,7 +184,7 @@ class Classing:
         for key, classes in by_node.items():
             if len(classes) == 1:
                 continue
-            found = padding(list(classes.values()), self.opsets.get("", 1))
+            found = padding(list(classes.values()), self.opsets.get("", 1), self.weights)
             if isinstance(found, Refusal):
                 record = next(iter(classes.values()))
                 rows = self.known[record.key][4] or "rows of different shapes"

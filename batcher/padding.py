@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.rules import Refusal, refuse
@@ -49,9 +52,10 @@ class Padding:
     fills: tuple[tuple[int, tuple[int, float]], ...]
 
 
-def padding(records: list[Any], opset: int) -> Padding | Refusal:
+def padding(records: list[Any], opset: int, weights: Mapping[str, np.ndarray]) -> Padding | Refusal:
     """How the records (one of each class of one node: per class, its members' types) batch
-    padded, or a refusal saying why padding could change a real position's value (see the module)."""
+    padded, or a refusal saying why padding could change a real position's value (see the module).
+    ``weights``: the shared values, an instance's own constants among them."""
     first = records[0]
     if first.domain:
         return refuse(f"an op of domain {first.domain}")
@@ -68,18 +72,27 @@ def padding(records: list[Any], opset: int) -> Padding | Refusal:
     if any(r.entries[i].elem_type != first.entries[i].elem_type for r in records for i in data):
         return refuse("members whose values differ in element type")
     # Shared operands the same for every member (but a Reshape's target: the longest member's
-    # is the padded shape); one instance's own constant (a mask folded for its length) is not.
+    # is the padded shape), or, for an elementwise op, an instance's own constant (a mask folded
+    # for its length) that is a corner of every longer member's (``_corners``).
     own_target = {1} if first.op_type == "Reshape" else set()
-    if any(r.entries[i] != first.entries[i] for r in records for i in range(len(first.entries))
-           if i not in data and i not in own_target):
-        return refuse("a shared operand that differs between members (a constant of one instance's own)")
+    own = [i for i in range(len(first.entries)) if i not in data and i not in own_target
+           and any(r.entries[i] != first.entries[i] for r in records)]
     op = first.op_type
+    elementwise = op in ELEMENTWISE or op in DIVISORS and data == [0]
+    if own and not elementwise:
+        return refuse("a shared operand that differs between members (a constant of one instance's own)")
     fills: dict[int, tuple[int, float]] = {}
-    if op in ELEMENTWISE or op in DIVISORS and data == [0]:
-        if not _broadcasts_alike(records, data):
+    if elementwise:
+        if not _broadcasts_alike([[r.entries[i].shape for r in records] for i in data], records):
             return refuse("operands that broadcast differently for different members")
+        for i in own:
+            constants = [np.asarray(weights[r.inputs[i]]) for r in records]
+            if not _broadcasts_alike([[c.shape for c in constants]], records) or not _corners(constants):
+                return refuse("a constant of one instance's own that is not a corner of a longer one's, or that "
+                              "broadcasts differently for different members")
     elif op == "MatMul":
-        if any(len(first.entries[i].shape) < 2 for i in data) or not _broadcasts_alike(records, data, 2):
+        if any(len(first.entries[i].shape) < 2 for i in data) or not _broadcasts_alike(
+                [[r.entries[i].shape for r in records] for i in data], records, 2):
             return refuse("a vector operand, or operands that broadcast differently for different members")
     elif op == "Transpose":
         pass
@@ -107,21 +120,34 @@ def padding(records: list[Any], opset: int) -> Padding | Refusal:
     return Padding(tuple(sorted(fills.items())))
 
 
-def _broadcasts_alike(records: list[Any], data: list[int], matrix: int = 0) -> bool:
-    """Every per-instance operand broadcasts to the result the same way for every member: along
-    each axis (but the last ``matrix`` ones, a product's), its size is the result's for every
-    member, or 1 for every member. Padded, a size of 1 for one member and not for another would
-    stop broadcasting its value over that member's real positions."""
-    for i in data:
-        for r in records:
-            operand, out = r.entries[i].shape, r.types[0].shape
-            if len(operand) > len(out):
-                return False
-        for axis in range(1, len(records[0].entries[i].shape) - matrix + 1):
-            pairs = [(r.entries[i].shape[-axis - matrix], r.types[0].shape[-axis - matrix]) for r in records]
+def _broadcasts_alike(operands: list[list[tuple[int, ...]]], records: list[Any], matrix: int = 0) -> bool:
+    """Every operand (``operands[k][m]``: operand k's shape in member m) broadcasts to the result
+    the same way for every member: along each axis (but the last ``matrix`` ones, a product's),
+    its size is the result's for every member, or 1 for every member. Padded, a size of 1 for one
+    member and not for another would stop broadcasting its value over that member's real positions."""
+    outs = [r.types[0].shape for r in records]
+    for shapes in operands:
+        if any(len(shape) != len(shapes[0]) or len(shape) > len(out) for shape, out in zip(shapes, outs)):
+            return False
+        for axis in range(1, len(shapes[0]) - matrix + 1):
+            pairs = [(shape[-axis - matrix], out[-axis - matrix]) for shape, out in zip(shapes, outs)]
             if not (all(size == out for size, out in pairs) or all(size == 1 for size, _ in pairs)):
                 return False
     return True
+
+
+def _corners(constants: list[np.ndarray]) -> bool:
+    """Each member's constant is the corner (the first positions along every axis) of the
+    largest one's (a causal or an all-zeros mask folded for each length is). Then a chunk's
+    longest member's constant, which its template reads, holds each member's own at that
+    member's real positions: padded, every real position reads its own instance's value."""
+    largest = max(constants, key=lambda c: c.size)
+    if any(c.ndim != largest.ndim or c.dtype != largest.dtype or any(a > b for a, b in zip(c.shape, largest.shape))
+           for c in constants):
+        return False
+    # Bit for bit: -0.0 is not +0.0 here (``x + c`` of x = -0.0 keeps c's sign).
+    return all(c.tobytes() == np.ascontiguousarray(largest[tuple(slice(0, size) for size in c.shape)]).tobytes()
+               for c in constants)
 
 
 def _keeps_padded_axes_whole(ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> bool:

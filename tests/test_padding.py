@@ -99,3 +99,57 @@ def test_concat_along_a_padded_axis_is_not_padded(backend):
         "Concat: not ragged (an output whose rows are not its operands' in number); "
         "not padded (operands joined along an axis that members pad)": 1}
     assert "1 nodes of the model ran a class per shape (1 x Concat: not ragged" in str(session.stats.report)
+
+
+def _masked(mask: str) -> onnx.ModelProto:
+    """Attention whose scores ``s [1, L, L]`` get a mask computed from their shape alone, which
+    the session folds into a constant of each length's own."""
+    return onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] c) {{
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        shape = Shape(s)
+        {mask}
+        masked = Add(s, mask)
+        p = Softmax<axis = -1>(masked)
+        c = MatMul(p, x) }}""")
+
+
+CAUSAL = """ones = ConstantOfShape<value = float[1] {1.0}>(shape)
+        one = Constant<value = int64 {1}>()
+        future = Trilu<upper = 1>(ones, one)
+        lowest = Constant<value = float {-1e9}>()
+        mask = Mul(future, lowest)"""
+# position / L: each length's is not the corner of a longer one's
+FRACTION = """two = Constant<value = int64 {2}>()
+        length = Gather<axis = 0>(shape, two)
+        start = Constant<value = int64 {0}>()
+        step = Constant<value = int64 {1}>()
+        positions = Range(start, length, step)
+        numerator = Cast<to = 1>(positions)
+        denominator = Cast<to = 1>(length)
+        mask = Div(numerator, denominator)"""
+
+
+def test_a_causal_mask_of_each_length_own_runs_padded(backend):
+    """A causal mask folded for each length is the corner of every longer one's: its Add runs a
+    launch a chunk of instances (it took a launch a length), each result its own."""
+    lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10]
+    session = InferenceSession(_masked(CAUSAL), backend=backend)
+    rng = np.random.default_rng(3)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
+                                atol=1e-5)
+    chunks = -(-len(lengths) // CHUNK)
+    assert session.stats.report.launches_by_op["Add"] == chunks and not session.stats.report.by_shape
+
+
+def test_a_mask_of_each_length_that_is_not_a_corner_runs_a_launch_a_length(backend):
+    lengths = [3, 9, 1, 4, 4, 7]
+    session = InferenceSession(_masked(FRACTION), backend=backend)
+    rng = np.random.default_rng(4)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
+                                atol=1e-5)
+    assert session.stats.report.launches_by_op["Add"] == len(set(lengths))
+    assert list(session.stats.report.by_shape) == [
+        "Add: not ragged (rows of different shapes); not padded (a constant of one instance's own that is not a "
+        "corner of a longer one's, or that broadcasts differently for different members)"]
