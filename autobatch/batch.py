@@ -18,7 +18,8 @@ from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
-from autobatch.frontends.tracing import OPSET, Tensor, TraceError, Tracer
+from autobatch.frontends.tensors import Tensor, TraceError
+from autobatch.frontends.tracing import OPSET, Tracer
 from autobatch.executors import flat_executor
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and

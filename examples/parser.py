@@ -28,7 +28,7 @@ from typing import Any
 
 from autobatch import Batch, cell, ops, run_programs
 from autobatch.datasets import wikiner_sentences
-from autobatch.frontends.tracing import current_batch
+from autobatch.frontends.tensors import current_batch
 from autobatch.examples.common import Measurement, Params, Vocabulary, add_bilstm, argument_parser, bilstm, bilstm_rows, run_all
 
 SHIFT, LEFT_ARC, RIGHT_ARC = 0, 1, 2

@@ -20,7 +20,8 @@ from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
 from autobatch.ir import Recent, ValueType, is_nondeterministic
-from autobatch.frontends.tracing import OPSET, Tracer, Parameter, PreparedCall, Tensor, TraceError, _current
+from autobatch.frontends.tensors import Parameter, PreparedCall, Tensor, TraceError, _current
+from autobatch.frontends.tracing import OPSET, Tracer
 
 CELL_DOMAIN = "autobatch.cells"
 _cell_ids = itertools.count()

@@ -17,7 +17,7 @@ import numpy as np
 from autobatch.ir.records import FOLD_DOMAIN, FOLD_TREE, LEAF
 from autobatch.frontends.cells import CELL_DOMAIN, Cell
 from autobatch.frontends.ops import _tensors
-from autobatch.frontends.tracing import PreparedCall, Tensor, TraceError, attributes
+from autobatch.frontends.tensors import PreparedCall, Tensor, TraceError, attributes
 from autobatch.ir import ValueType
 
 

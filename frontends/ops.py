@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.frontends.tracing import Tracer, Parameter, Tensor, TraceError, _current, attributes, current_batch
+from autobatch.frontends.tensors import Parameter, Tensor, TraceError, _current, attributes, current_batch
+from autobatch.frontends.tracing import Tracer
 
 Operand = Tensor | Parameter | np.ndarray | float | int
 

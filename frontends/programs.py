@@ -14,7 +14,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autobatch.frontends.tracing import Tensor, Tracer
+from autobatch.frontends.tensors import Tensor
+from autobatch.frontends.tracing import Tracer
 
 
 @dataclass

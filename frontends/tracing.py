@@ -8,148 +8,26 @@ runs, and only from the records that lead to a value someone still holds.
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import itertools
 import weakref
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from onnx import AttributeProto, helper
+from onnx import AttributeProto
 
 from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.random_ops import MAYBE_NONDETERMINISTIC
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
 from autobatch.ir.records import FOLD_DOMAIN, Record
+from autobatch.frontends.tensors import NO_ATTRIBUTES, Parameter, PreparedCall, Tensor, TraceError, _current, tensor_type
 
 OPSET = {"": 18}
 
 
 DISCARDED = -2  # the producer of a pending tensor whose record was discarded
-
-
-class TraceError(ValueError):
-    """A traced op got inputs it cannot take (shapes, dtypes, a tensor of another batch)."""
-
-
-_current: contextvars.ContextVar[Tracer] = contextvars.ContextVar("autobatch_batch")
-
-
-def current_batch() -> Tracer:
-    """The batch of the innermost ``with Batch()`` block (any ``Tracer``)."""
-    try:
-        return _current.get()
-    except LookupError:
-        raise TraceError("no batch to trace into: trace inside `with autobatch.Batch() as batch:`") from None
-
-
-@functools.lru_cache(maxsize=4096)
-def attributes(**values: Any) -> dict[str, AttributeProto]:
-    """Attribute protos for hashable Python values, made once and shared by every record."""
-    return {name: helper.make_attribute(name, list(v) if isinstance(v, tuple) else v) for name, v in values.items()}
-
-
-class Tensor:
-    """A value in a batch: its shape and dtype are known when it is traced, its contents
-    when the batch has run.
-
-    ``entry`` is what the value contributes to the signature of an op reading it: its name
-    when every instance shares it (a parameter), else its type. ``producer`` is the index of
-    the record computing it while it is pending (-1 for none: an argument of a traced cell)."""
-
-    __slots__ = ("batch", "name", "shape", "dtype", "value", "entry", "producer", "__weakref__")
-
-    def __init__(self, batch: Tracer, name: str, shape: tuple[int, ...], dtype: np.dtype,
-                 value: np.ndarray | None = None, entry: str | ValueType | None = None, producer: int = -1) -> None:
-        self.batch = batch
-        self.name = name
-        self.shape = shape
-        self.dtype = dtype
-        self.value = value
-        self.entry = entry if entry is not None else _tensor_type(dtype, shape)
-        self.producer = producer
-
-    def numpy(self) -> np.ndarray:
-        """The value: runs the batch's pending graph (batched) if it is not known yet."""
-        if self.value is None:
-            self.batch.run_pending()
-        assert self.value is not None
-        return self.value
-
-    def __await__(self):  # type: ignore[no-untyped-def]
-        """``await t`` inside a program run by ``run_programs``: all programs are resumed
-        together once everything pending has run."""
-        if self.value is None:
-            yield self
-        return self.value
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __repr__(self) -> str:
-        state = "known" if self.value is not None else "pending"
-        return f"Tensor({self.name}, shape={self.shape}, dtype={self.dtype}, {state})"
-
-    # numpy-like operators (``+ - * / @``, unary ``-``, ``[]``): installed by
-    # ``autobatch.frontends.ops``, which defines the ops and imports this module.
-
-
-_parameter_ids = itertools.count()
-
-
-@dataclass
-class Parameter:
-    """A weight shared by every instance (DyNet's Parameter). Usable in any batch."""
-
-    array: np.ndarray
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.array = np.asarray(self.array)
-        if not self.name:
-            self.name = f"param{next(_parameter_ids)}"
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.array.shape
-
-    def freeze(self) -> Parameter:
-        """Make the values read-only, for inference: onnxruntime templates then bake this weight
-        in from its second run on, even where a run reads it once, and never compare it with a
-        copy (``backends.baked_weights``). Writing to it raises; assign ``array`` to change it."""
-        if self.array.base is not None:  # a view: whatever it views could still change it
-            self.array = self.array.copy()
-        self.array.flags.writeable = False
-        return self
-
-
-_NO_ATTRIBUTES: dict[str, AttributeProto] = {}
-
-
-@dataclass(slots=True, eq=False)
-class PreparedCall:
-    """What every call of one op with the same kinds of operands records in one batch (a
-    cell's calls): worked out at the first call, so that the others only append. It is its
-    calls' record key: hashed by identity, which is cheaper than hashing their entries."""
-
-    op_type: str
-    domain: str
-    shared: list[str]  # this batch's shared values read after the operands (a cell's parameters)
-    entries: tuple  # the operands' entries, then the shared values'
-    shapes: list[tuple[int, ...]]
-    dtypes: list[np.dtype]
-    types: list[ValueType]
-    repeatable: bool  # deterministic: a call on the same values may return an earlier call's outputs
-
-
-@functools.lru_cache(maxsize=65536)
-def _tensor_type(dtype: np.dtype, shape: tuple[int, ...]) -> ValueType:
-    return ValueType.tensor(dtype, shape)
 
 
 class Tracer:
@@ -298,8 +176,8 @@ class Tracer:
                domain: str = "") -> list[Tensor]:
         """Append one op; returns its output tensors (pending)."""
         names = [tensor.name if tensor is not None else "" for tensor in inputs]
-        types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
-        attributes = attrs or _NO_ATTRIBUTES
+        types = [tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
+        attributes = attrs or NO_ATTRIBUTES
         attributes_id = id(attributes)  # alive while the record is: no other attributes take it
         seen = None
         if self.reuse_calls and (not domain and op_type not in MAYBE_NONDETERMINISTIC  # most ops: no call to ask
@@ -316,10 +194,10 @@ class Tracer:
                    attrs: dict[str, AttributeProto] | None = None) -> Tensor:
         """``record`` of the common op, with the least work a traced op can cost: ONNX's own
         domain, deterministic (not in ``MAYBE_NONDETERMINISTIC``), every input given, one output."""
-        attributes = attrs or _NO_ATTRIBUTES
+        attributes = attrs or NO_ATTRIBUTES
         attributes_id = id(attributes)
         names = [tensor.name for tensor in inputs]
-        vtype = _tensor_type(dtype, shape)
+        vtype = tensor_type(dtype, shape)
         seen = None
         if self.reuse_calls:
             seen = (op_type, "", attributes_id, *names)  # as ``record`` makes it: either may reuse the other's
@@ -346,7 +224,7 @@ class Tracer:
             if seen in self._calls:
                 return self._outputs_again(seen, call.shapes, call.dtypes, call.types)
         names += call.shared
-        return self._append(call.op_type, call.domain, inputs, names, _NO_ATTRIBUTES, call.shapes, call.dtypes,
+        return self._append(call.op_type, call.domain, inputs, names, NO_ATTRIBUTES, call.shapes, call.dtypes,
                             call.types, call.entries, call, seen)
 
     def _append(self, op_type: str, domain: str, inputs: Sequence[Tensor | None], names: list[str],

@@ -26,7 +26,7 @@ from autobatch.batch import TRACED_TEMPLATES
 from autobatch.batcher.plan import LITERALS, FlatPlan, Template, TemplateCache
 from autobatch.datasets import Tree
 from autobatch.frontends.cells import CELL_DOMAIN
-from autobatch.frontends.tracing import attributes
+from autobatch.frontends.tensors import attributes
 from tests.example_models import model
 from tests.oracle import assert_same, traced_alone
 

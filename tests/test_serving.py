@@ -19,7 +19,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from autobatch import InferenceSession, ops  # noqa: E402
-from autobatch.frontends.tracing import current_batch  # noqa: E402
+from autobatch.frontends.tensors import current_batch  # noqa: E402
 from autobatch.examples.ray_serve import MODEL_TEXT  # noqa: E402
 from benchmarks.onnx_tagger import build_model  # noqa: E402
 from autobatch.serving import (  # noqa: E402
