@@ -20,21 +20,19 @@ import onnx.inliner
 from onnx import helper, numpy_helper
 
 from autobatch.backends.graph_tidy import constant_nodes_to_initializers, drop_unread
+from autobatch.backends.lowered_steps import Entry, StepKinds, pick
 from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
-from autobatch.batcher.sequences import CHUNK
 from autobatch.ir.onnx_io import choose_ir_version
-from autobatch.ir.records import LEAF
 
 WHOLE = -1  # an entry's index when the tensor is the row itself (a ``once`` result, a literal)
 DOMAIN = "autobatch.plan"  # of the template functions, gone once inlined
-Entry = tuple[str, int]
 # A row-wise step whose operands need a copy to be stacked runs a launch a member when its rows
 # are bigger than this: onnxruntime's launch of a node costs microseconds, copying a row of 64 KiB
 # about as much (light_squeezenet's parallel Relus ran 1.4x slower stacked).
 STACK_BYTES = 64 * 1024
 
 
-class _Lowering:
+class _Lowering(StepKinds):
     def __init__(self, plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
                  weights: Mapping[str, np.ndarray], opset: int) -> None:
         if opset < 5:
@@ -179,7 +177,7 @@ class _Lowering:
             return self.made([(self.literals[name], WHOLE) for name in rows])
         if isinstance(rows, (int, np.integer)):
             return self.row(self.arenas[arena][int(rows)])
-        entries = _pick(self.arenas[arena], rows)
+        entries = pick(self.arenas[arena], rows)
         if not entries:  # a value of no rows kept in a block
             elem_type, shape = self.plan.kinds[arena]
             return self.batched(self.constant(np.zeros((0, *shape), helper.tensor_dtype_to_np_dtype(elem_type))), 0)
@@ -190,7 +188,7 @@ class _Lowering:
         pieces = []
         for (arena, rows), (length, count) in zip(parts, groups):
             if type(rows.rows) is Runs and tuple(self.plan.kinds[arena][1]) == rows.shape[1:]:  # a block's rows as it keeps them
-                piece = self.made(_pick(self.arenas[arena], rows.rows.rows))
+                piece = self.made(pick(self.arenas[arena], rows.rows.rows))
             else:
                 piece = self.reshaped(self.read(arena, rows.rows), list(rows.shape))
             pieces.append(self.batched(piece, length * count))
@@ -327,7 +325,7 @@ class _Lowering:
                 operands.append([(self.literals[name], WHOLE) for name in rows])
                 row_bytes.append(self.literal_bytes[rows[0]])
             elif arena >= 0 and isinstance(rows, (slice, np.ndarray)):
-                operands.append(_pick(self.arenas[arena], rows))
+                operands.append(pick(self.arenas[arena], rows))
                 elem_type, shape = self.plan.kinds[arena]
                 row_bytes.append(int(np.prod(shape)) * helper.tensor_dtype_to_np_dtype(elem_type).itemsize)
             else:
@@ -350,83 +348,6 @@ class _Lowering:
         """The shape and dtype of one member's value that a write puts in an arena."""
         elem_type, shape = self.plan.kinds[write.arena if type(write) is Block else write[0]]
         return list(shape), helper.tensor_dtype_to_np_dtype(elem_type)
-
-    def reduced(self, rows: str, step: Step) -> str:
-        """Each member's run of rows summed (or averaged): one ReduceSum a run of members of one
-        length (``flat_executor._reduced``)."""
-        assert step.offsets is not None
-        total = self.lengths[rows]
-        shape, dtype = self.kind(step.writes[0])
-        if step.segment is not None and step.segment.keepdims:
-            shape = shape[1:]
-        offsets = step.offsets.tolist()
-        lengths = [end - start for start, end in zip(offsets, [*offsets[1:], total])]
-        pieces = []
-        k = 0
-        while k < len(lengths):
-            end = k
-            while end < len(lengths) and lengths[end] == lengths[k]:
-                end += 1
-            count, length = end - k, lengths[k]
-            part = self.batched(self.rows_of(rows, list(range(offsets[k], offsets[k] + count * length))), count * length)
-            grouped = self.reshaped(part, [count, length, *shape])
-            summed = self.axes("ReduceSum", grouped, 1, keepdims=0)
-            if step.segment is not None and step.segment.mean:
-                summed = self.node("Div", [summed, self.constant(np.array(length, dtype))])[0]
-            pieces.append(summed)
-            k = end
-        result = pieces[0] if len(pieces) == 1 else self.node("Concat", pieces, axis=0)[0]
-        if step.segment is not None and step.segment.keepdims:
-            result = self.axes("Unsqueeze", result, 1)
-        return self.batched(result, len(lengths))
-
-    def fold(self, step: Step, leaves: str) -> list[list[Entry]]:
-        """Every state of every node of a fold's trees (``flat_executor._fold``), as entries."""
-        states: list[list[Entry | None]] = [[None] * self.plan.rows[write.arena] for write in step.writes]
-        leaf_rows = [(leaves, i) for i in range(self.lengths[leaves])]
-        for level in step.fold:  # type: ignore[union-attr]
-            feeds = {f"w{i}": self.weight(name) for i, name in zip(level.template.fed, level.weights)}
-            feeds.update((f"x{i}", self.made(_pick(leaf_rows if k == LEAF else states[k], rows)))
-                         for i, (k, rows) in zip(level.template.stacked, level.operands))
-            for state, value in zip(states, self.call(level.template, feeds)):
-                made = range(len(level.nodes)) if level.repeat is None else level.repeat.tolist()
-                for node, index in zip(level.nodes.tolist(), made):
-                    state[node] = (value, int(index))
-        return states  # type: ignore[return-value]
-
-    def sequences(self, step: Step, x: str) -> list[list[Entry]]:
-        """A recurrent layer's outputs chunk by chunk (``batcher.sequences.run_chunks``)."""
-        template = step.template
-        assert template is not None and template.sequences is not None
-        feeds = {f"w{i}": self.weight(name) for i, name in zip(template.fed, step.weights)}
-        rows = self.lengths[x]
-        x0 = template.graph.values["x0"].type  # [T, N, d]
-        width, dtype = x0.shape[-1], helper.tensor_dtype_to_np_dtype(x0.elem_type)
-        padded = self.batched(self.node("Concat", [self.reshaped(x, [rows, width]),
-                                                   self.constant(np.zeros((1, width), dtype))], axis=0)[0], rows + 1)
-        results: list[list[Entry | None]] = []
-        for write in step.writes:
-            if type(write) is Block:
-                results.append([None] * self.plan.rows[write.arena])
-            else:  # a final state a member: zeros for an empty sequence, which no chunk holds
-                zeros = self.constant(np.zeros((1, *self.kind(write)[0]), dtype))
-                results.append([(zeros, 0)] * step.size)
-        for part in step.chunked(CHUNK):
-            size = len(part.members)
-            feeds["x0"] = self.reshaped(self.rows_of(padded, part.source.tolist()), [-1, size, width])
-            feeds["x4"] = self.constant(part.lengths)
-            for index, value, result, write in zip(template.sequences, self.call(template, feeds), results, step.writes):
-                if index == 0:  # [T, dirs, size, h] -> a row a (time, sequence): [T * size, dirs, 1, h]
-                    time_major = self.node("Transpose", [value], perm=[0, 2, 1, 3])[0]
-                    flat = self.reshaped(time_major, [-1, *self.kind(write)[0]])
-                    for p, target in enumerate(part.targets.tolist()):
-                        result[target] = (flat, int(part.time[p]) * size + int(part.column[p]))
-                else:  # [dirs, size, h] -> [size, dirs, 1, h]
-                    member_major = self.node("Transpose", [value], perm=[1, 0, 2])[0]
-                    member_rows = self.reshaped(member_major, [size, *self.kind(write)[0]])
-                    for j, member in enumerate(part.members.tolist()):
-                        result[member] = (member_rows, j)
-        return results  # type: ignore[return-value]
 
 
 def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
@@ -468,12 +389,6 @@ class _Order(list):
 
     operands: list[list[Entry]]
     row_bytes: list[int]  # of a member's row of each operand
-
-
-def _pick(entries: list[Any], rows: Any) -> list[Any]:
-    if isinstance(rows, slice):
-        return entries[rows]
-    return [entries[int(r)] for r in np.asarray(rows).reshape(-1)]
 
 
 def _function(template: Template, name: str) -> onnx.FunctionProto:
