@@ -182,7 +182,8 @@ class FlatExecutor:
                 if template.sequences:  # a recurrent layer, chunk by chunk
                     results = [_sequence_result(plan, write, step.size) for write in step.writes]
                     parts = step.chunked(self.sequence_chunk)
-                    outputs = run_chunks(run, feeds, stacked[0], parts, template.sequences, results)
+                    outputs = run_chunks(run, feeds, stacked[0], parts, template.sequences, results,
+                                         dict(zip(template.stacked[1:], stacked[1:])))
                 else:
                     feeds.update((f"x{i}", value) for i, value in zip(template.stacked, stacked))
                     feeds.update(zip(template.captured, stacked[len(template.stacked):]))

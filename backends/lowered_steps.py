@@ -69,8 +69,9 @@ class StepKinds:
                     state[node] = (value, int(index))
         return states  # type: ignore[return-value]
 
-    def sequences(self, step: Step, x: str) -> list[list[Entry]]:
-        """A recurrent layer's outputs chunk by chunk (``batcher.sequences.run_chunks``)."""
+    def sequences(self, step: Step, x: str, states: list[str]) -> list[list[Entry]]:
+        """A recurrent layer's outputs chunk by chunk (``batcher.sequences.run_chunks``);
+        ``states``: the members' own initial states ``[members, dirs, 1, h]``, if any."""
         template = step.template
         assert template is not None and template.sequences is not None
         feeds = {f"w{i}": self.weight(name) for i, name in zip(template.fed, step.weights)}
@@ -90,6 +91,10 @@ class StepKinds:
             size = len(part.members)
             feeds["x0"] = self.reshaped(self.rows_of(padded, part.source.tolist()), [-1, size, width])
             feeds["x4"] = self.constant(part.lengths)
+            for k, state in zip(template.stacked[1:], states):  # [size, dirs, 1, h] -> [dirs, size, h]
+                dirs, _, hidden = template.graph.values[f"x{k}"].type.shape
+                columns = self.reshaped(self.rows_of(state, part.members.tolist()), [size, dirs, hidden])
+                feeds[f"x{k}"] = self.node("Transpose", [columns], perm=[1, 0, 2])[0]
             for index, value, result, write in zip(template.sequences, self.call(template, feeds), results, step.writes):
                 if index == 0:  # [T, dirs, size, h] -> a row a (time, sequence): [T * size, dirs, 1, h]
                     time_major = self.node("Transpose", [value], perm=[0, 2, 1, 3])[0]

@@ -235,7 +235,7 @@ class _Lowering(StepKinds):
             rows = self.lengths[stacked[0]]
             outputs = [self.batched(self.reshaped(stacked[0], [rows, *template.row_shape]), rows)]
         elif template.sequences:
-            outputs = self.sequences(step, stacked[0])
+            outputs = self.sequences(step, stacked[0], stacked[1:])
         else:
             outputs = self.call(template, self.template_feeds(template, step, stacked))
             if template.segment is not None:

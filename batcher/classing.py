@@ -17,7 +17,7 @@ from autobatch.batcher.plan import Kind, RowReduction, Template, TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
 from autobatch.batcher.rules import Refusal
-from autobatch.batcher.sequences import SEQUENCE_LENS, zero_states
+from autobatch.batcher.sequences import SEQUENCE_LENS, own_states, zero_states
 from autobatch.batcher.signature import attributes_key
 from autobatch.batcher.templates import as_rows, build_solo, build_template
 from autobatch.ir import Graph, Node, ValueType, attribute_value, is_nondeterministic
@@ -238,8 +238,8 @@ class Classing:
         return template if isinstance(template, Template) else None
 
     def _sequences_template(self, record: Record, specs: tuple, baked: dict[int, np.ndarray]) -> Template:
-        """The layer over ``x0 [T, B, d]`` (a chunk of padded sequences) and ``x4``, their
-        lengths (``batcher.sequences``)."""
+        """The layer over ``x0 [T, B, d]`` (a chunk of padded sequences), ``x4``, their lengths,
+        and the members' own initial states, if any (``batcher.sequences``)."""
         _, elem_type, (_, _, width) = specs[0]
         padded = list(specs) + [None] * max(0, SEQUENCE_LENS + 1 - len(specs))
         padded[0] = ("x", elem_type, ("T", "B", width))
@@ -247,6 +247,10 @@ class Classing:
         zero = zero_states(record, self.weights)  # left out: the layer starts from zeros without them
         for k in zero:
             padded[k] = None
+        states = sorted(own_states(record))  # [dirs, B, h]: a chunk's members' own, a column each
+        for k in states:
+            dirs, _, hidden = padded[k][2]  # type: ignore[index]
+            padded[k] = ("x", padded[k][1], (dirs, "B", hidden))  # type: ignore[index]
         key = ("sequences", record.op_type, self.opsets.get("", 1), self._attributes_key(record.attributes),
                tuple(padded), tuple(map(bool, record.outputs)))
         cached = self.cache.templates
@@ -259,7 +263,7 @@ class Classing:
                         list(record.outputs), 0, "")
             solo = build_solo(node, tuple(padded), baked, self.functions, self.opsets)
             outputs = tuple(k for k, name in enumerate(record.outputs) if name)
-            cached[key] = Template(solo.graph, [0], solo.fed, once=False, ragged=True, sequences=outputs)
+            cached[key] = Template(solo.graph, [0, *states], solo.fed, once=False, ragged=True, sequences=outputs)
         return cached[key]  # type: ignore[return-value]
 
     def _place_literal(self, name: str) -> int:

@@ -99,8 +99,10 @@ class Layout:
         members, lengths, groups, bounds = _by_length(members, data, axis)
         inputs = list(zip(*[member.inputs for member in members]))
         sequences = isinstance(template, Template) and template.sequences
-        stacked = [data] if isinstance(template, RowReduction) or sequences else template.stacked
-        reads = [self._ragged_read(inputs[i], bounds, members[0].entries[i], axis) for i in stacked]
+        stacked = [data] if isinstance(template, RowReduction) else template.stacked
+        # A recurrent layer's own initial states: one row a member, in the step's order.
+        reads = [self._rows(inputs[i]) if sequences and i != data else
+                 self._ragged_read(inputs[i], bounds, members[0].entries[i], axis) for i in stacked]
         outputs = list(zip(*[member.outputs for member in members]))
         # A reduction of each member's rows (a ReduceSum or ReduceMean itself, or a loss a row
         # reduced): one output, of one shape, K rows of one arena.

@@ -15,8 +15,9 @@ numbers in benchmarks/README.md): chunks of 8 ran about twice as fast as one pad
 64, and faster than chunks of 4 (smaller products run slower a row) or of 16 and 32 (more padding).
 
 Only the plain case is taken: ``layout`` 0, shared weights, no ``sequence_lens``, and initial
-states not given or shared zeros (as exporters write them); a call with others batches by
-``batcher.rules`` when the lengths agree.
+states not given, shared zeros (as exporters write them) or each instance's own ``[dirs, 1, h]``
+(stacked a column a sequence in each chunk); a call with others batches by ``batcher.rules``
+when the lengths agree.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def zero_states(record: Any, weights: Mapping[str, np.ndarray]) -> frozenset[int
                      if k < len(record.inputs) and record.inputs[k] in weights and not np.any(weights[record.inputs[k]]))
 
 
+def own_states(record: Any) -> frozenset[int]:
+    """The input indices of a recurrent record's initial states that are the instance's own
+    (``[dirs, 1, h]`` each): stacked per chunk, a column a sequence."""
+    return frozenset(k for k in (SEQUENCE_LENS + 1, SEQUENCE_LENS + 2)
+                     if k < len(record.entries) and isinstance(record.entries[k], ValueType))
+
+
 def sequence_signature(record: Any, attributes: tuple, weights: Mapping[str, np.ndarray]) -> tuple | Refusal | None:
     """The signature of a recurrent record without the length of its sequence, a refusal when it
     is not the plain case (see the module), None when it is not a recurrent layer. ``record`` is
@@ -52,11 +60,15 @@ def sequence_signature(record: Any, attributes: tuple, weights: Mapping[str, np.
     x, *shared = record.entries
     if not isinstance(x, ValueType) or len(x.shape) != 3 or x.shape[1] != 1:
         return refuse("a recurrent layer over other than one sequence [T, 1, d]")
-    if any(isinstance(entry, ValueType) for entry in shared):
-        return refuse("a recurrent layer with per-instance weights, states or lengths")
+    states = own_states(record)
+    if any(isinstance(entry, ValueType) for k, entry in enumerate(shared, 1) if k not in states):
+        return refuse("a recurrent layer with per-instance weights or lengths")
+    if states and (x.shape[0] == 0 or any(len(record.entries[k].shape) != 3 or record.entries[k].shape[1] != 1
+                                          for k in states)):
+        return refuse("a recurrent layer with initial states of its own over no steps, or not [dirs, 1, h]")
     zero = zero_states(record, weights)
-    if any(name for k, name in enumerate(record.inputs) if SEQUENCE_LENS <= k < PEEPHOLE and k not in zero):
-        return refuse("a recurrent layer with sequence lengths or initial states other than zeros")
+    if any(name for k, name in enumerate(record.inputs) if SEQUENCE_LENS <= k < PEEPHOLE and k not in zero | states):
+        return refuse("a recurrent layer with sequence lengths, or initial states shared but not zeros")
     layout = record.attributes.get("layout")
     if layout is not None and attribute_value(layout) != 0:
         return refuse("a recurrent layer of batch-first layout")
@@ -100,12 +112,13 @@ def chunks(lengths: Sequence[int], size: int = CHUNK) -> list[Chunk]:
 
 
 def run_chunks(run: Any, feeds: Mapping[str, Any], x: np.ndarray, parts: list[Chunk], outputs: Sequence[int],
-               results: list[np.ndarray]) -> list[np.ndarray]:
+               results: list[np.ndarray], states: Mapping[int, np.ndarray]) -> list[np.ndarray]:
     """The layer's ``outputs`` (ONNX output indices: 0 is ``Y``, the others final states) for
-    every member, from ``x`` (the members' rows concatenated, ``[rows, 1, d]``), written into
+    every member, from ``x`` (the members' rows concatenated, ``[rows, 1, d]``) and ``states``
+    (by input index, the members' own initial states ``[members, dirs, 1, h]``), written into
     ``results``: ``Y`` as the members' rows concatenated ``[rows, dirs, 1, h]``, a state per
     member ``[members, dirs, 1, h]`` (zeros for an empty sequence, which no chunk holds).
-    ``run(feeds)`` runs the layer's template (inputs ``x0`` and ``x4``, see ``flat``)."""
+    ``run(feeds)`` runs the layer's template (inputs ``x0``, ``x4`` and the states', see ``flat``)."""
     width = int(np.prod(x.shape[1:]))
     padded = np.concatenate([x.reshape(len(x), width), np.zeros((1, width), dtype=x.dtype)])
     feeds = dict(feeds)
@@ -113,6 +126,8 @@ def run_chunks(run: Any, feeds: Mapping[str, Any], x: np.ndarray, parts: list[Ch
         size = len(part.members)
         feeds["x0"] = padded.take(part.source, axis=0).reshape(-1, size, width)
         feeds["x4"] = part.lengths
+        for k, state in states.items():  # [size, dirs, 1, h] -> [dirs, size, h]
+            feeds[f"x{k}"] = np.ascontiguousarray(state[part.members][:, :, 0].transpose(1, 0, 2))
         for index, value, result in zip(outputs, run(feeds), results):
             if index == 0:  # [T, dirs, size, h]: time-major, as the source rows
                 result[part.targets, :, 0] = value[part.time, :, part.column]

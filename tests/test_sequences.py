@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import autobatch
@@ -57,6 +58,50 @@ def test_one_launch_a_layer_whatever_the_lengths(backend, op, outputs, direction
         for alone, value in zip(session.run(None, instance), got, strict=True):
             assert value.shape == alone.shape
             np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+
+
+def stated_model(op: str, direction: str, rng: np.random.Generator) -> onnx.ModelProto:
+    """A layer whose initial states are inputs of the instance (``h0``, LSTM's ``c0`` too)."""
+    dirs = 2 if direction == "bidirectional" else 1
+    states = ["h0", "c0"] if op == "LSTM" else ["h0"]
+    outputs = ["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"]
+    shapes = {"Y": f"[T, {dirs}, 1, {H}]", "Y_h": f"[{dirs}, 1, {H}]", "Y_c": f"[{dirs}, 1, {H}]"}
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 18]>
+    g (float[T, 1, {D}] x, {", ".join(f"float[{dirs}, 1, {H}] {s}" for s in states)})
+      => ({", ".join(f"float{shapes[n]} {n}" for n in outputs)}) {{
+        {", ".join(outputs)} = {op}<hidden_size={H}, direction="{direction}">(x, W, R, B, , {", ".join(states)})
+    }}""")
+    gates = GATES[op]
+    for name, shape in (("W", (dirs, gates * H, D)), ("R", (dirs, gates * H, H)), ("B", (dirs, 2 * gates * H))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            (rng.standard_normal(shape) * 0.5).astype(np.float32), name))
+    return model
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_initial_states_of_each_instance_own_pack_across_lengths(backend, op, direction):
+    """Each sequence starts from its own states, stacked a column a sequence in each chunk:
+    still one launch a layer, and each result equals its instance alone, run and lowered."""
+    rng = np.random.default_rng(len(op) + len(direction))
+    model = stated_model(op, direction, rng)
+    session = autobatch.InferenceSession(model, backend=backend)
+    dirs = 2 if direction == "bidirectional" else 1
+    states = [i.name for i in model.graph.input][1:]
+    instances = [{"x": rng.standard_normal((n, 1, D)).astype(np.float32),
+                  **{s: rng.standard_normal((dirs, 1, H)).astype(np.float32) for s in states}} for n in LENGTHS]
+    batched = session.run_batch(None, instances)
+    assert session.stats.report.launches == 1, session.stats.report
+    lowered = session.plan_model(instances)
+    assert sum(node.op_type == op for node in lowered.graph.node) == -(-len(LENGTHS) // CHUNK)
+    ort_session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {f"i{k}/{name}": value for k, instance in enumerate(instances) for name, value in instance.items()}
+    names = [o.name for o in ort_session.get_outputs()]
+    got_lowered = dict(zip(names, ort_session.run(None, {i.name: feeds[i.name] for i in ort_session.get_inputs()})))
+    for k, (instance, got) in enumerate(zip(instances, batched, strict=True)):
+        for name, alone, value in zip(session.graph.outputs, session.run(None, instance), got, strict=True):
+            np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got_lowered[f"i{k}/{name}"], alone, rtol=1e-5, atol=1e-6)
 
 
 def test_empty_sequences_among_others_get_zero_states(backend):
