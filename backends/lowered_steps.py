@@ -87,12 +87,12 @@ class StepKinds:
             else:  # a final state a member: zeros for an empty sequence, which no chunk holds
                 zeros = self.constant(np.zeros((1, *self.kind(write)[0]), dtype))
                 results.append([(zeros, 0)] * step.size)
+        own = [(k, state, template.graph.values[f"x{k}"].type.shape) for k, state in zip(template.stacked[1:], states)]
         for part in step.chunked(CHUNK):
             size = len(part.members)
             feeds["x0"] = self.reshaped(self.rows_of(padded, part.source.tolist()), [-1, size, width])
             feeds["x4"] = self.constant(part.lengths)
-            for k, state in zip(template.stacked[1:], states):  # [size, dirs, 1, h] -> [dirs, size, h]
-                dirs, _, hidden = template.graph.values[f"x{k}"].type.shape
+            for k, state, (dirs, _, hidden) in own:  # [size, dirs, 1, h] -> [dirs, size, h]
                 columns = self.reshaped(self.rows_of(state, part.members.tolist()), [size, dirs, hidden])
                 feeds[f"x{k}"] = self.node("Transpose", [columns], perm=[1, 0, 2])[0]
             for index, value, result, write in zip(template.sequences, self.call(template, feeds), results, step.writes):

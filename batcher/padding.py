@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.batcher.instances import alike
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.rules import Refusal, refuse
 from autobatch.ir import ValueType
@@ -142,12 +143,9 @@ def _corners(constants: list[np.ndarray]) -> bool:
     longest member's constant, which its template reads, holds each member's own at that
     member's real positions: padded, every real position reads its own instance's value."""
     largest = max(constants, key=lambda c: c.size)
-    if any(c.ndim != largest.ndim or c.dtype != largest.dtype or any(a > b for a, b in zip(c.shape, largest.shape))
-           for c in constants):
+    if any(c.ndim != largest.ndim or any(a > b for a, b in zip(c.shape, largest.shape)) for c in constants):
         return False
-    # Bit for bit: -0.0 is not +0.0 here (``x + c`` of x = -0.0 keeps c's sign).
-    return all(c.tobytes() == np.ascontiguousarray(largest[tuple(slice(0, size) for size in c.shape)]).tobytes()
-               for c in constants)
+    return all(alike(c, largest[tuple(map(slice, c.shape))]) for c in constants)  # bit for bit: -0.0 is not 0.0
 
 
 def _keeps_padded_axes_whole(ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> bool:
@@ -177,8 +175,8 @@ def padded_chunks(members: list[Any]) -> list[list[Any]]:
     keyed = sorted(((shapes(member), member.instance, member) for member in members), key=lambda item: item[:2])
     parts: list[list[Any]] = []
     tops: list[tuple] = []  # the shapes of each chunk's last member
-    for mine, alike in itertools.groupby(keyed, key=lambda item: item[0]):
-        run = [member for _, _, member in alike]
+    for mine, same in itertools.groupby(keyed, key=lambda item: item[0]):
+        run = [member for _, _, member in same]
         if len(run) >= CHUNK or not parts or len(parts[-1]) + len(run) > CHUNK or not all(
                 all(a >= b for a, b in zip(x, y)) for x, y in zip(mine, tops[-1])):
             parts.append(run)
