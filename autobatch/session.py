@@ -265,6 +265,7 @@ class InferenceSession:
         """Output ``names`` of every instance by the flat path (``key``: the batch's mix of input
         signatures, under which its plan is kept; None: not kept)."""
         seconds: dict[str, float] = {}
+        execution: dict[str, float] = {}  # step by step: its gathers, kernels and writes
         entry = self._flat_plans.get(key) if key is not None else None
         cached = entry is not None
         if entry is None:
@@ -281,13 +282,13 @@ class InferenceSession:
         if whole is not None:
             found = whole.run(union_feeds)
         else:
-            values = self._flat.run(entry.plan, entry.weights, union_feeds)
+            values = self._flat.run(entry.plan, entry.weights, union_feeds, execution)
             found = [values[location] for location in entry.located]  # views of this run's arenas
         seconds["execute"] = time.perf_counter() - begin
         if whole is None:
             entry.step_seconds += seconds["execute"]
         self.stats = SessionStats(len(checked), entry.plan.report, cached, launches=1 if whole else len(entry.plan.steps),
-                                  seconds=seconds, whole_plan=whole is not None)
+                                  seconds=seconds, whole_plan=whole is not None, execution=execution)
         return found
 
     def _whole_plan(self, key: tuple | None, entry: _FlatPlan, checked: list[dict[str, Any]],

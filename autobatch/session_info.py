@@ -26,6 +26,9 @@ class SessionStats:
     alone: int = 0  # instances run each alone, as measured faster than batching them (``autobatch.ways``)
     why_alone: str = ""
     at_once: int = 1  # instances run alone at once, each on its thread (``backends.parallel_runs``)
+    # A plan run step by step: seconds of ``execute`` in gathers, template runs (kernels, with
+    # the backend's call overhead) and writes (``FlatExecutor.run``); the rest is Python between.
+    execution: dict[str, float] = field(default_factory=dict)
 
     @property
     def copies_avoided(self) -> int:
@@ -33,6 +36,8 @@ class SessionStats:
 
     def __str__(self) -> str:
         timing = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.seconds.items())
+        if self.execution:
+            timing += " (" + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in self.execution.items()) + ")"
         if self.report is None:
             at_once = f", {self.at_once} at once" if self.at_once > 1 else ""
             return f"{self.instances} instances, each run alone{at_once} ({self.why_alone}); {timing}"

@@ -86,6 +86,10 @@ class Tracer:
             if kind is None:
                 self.run_pending()
         finally:
+            # The memos' tensors refer back to this batch: a cycle that kept it, and its plan,
+            # alive for the collector. They only save records: a batch entered again makes new ones.
+            for memo in (self._parameters, self._scalars, self._rows):
+                memo.clear()
             self._gc.__exit__(None, None, None)
 
     @contextmanager

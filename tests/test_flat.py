@@ -27,6 +27,7 @@ from autobatch.batcher.plan import LITERALS, FlatPlan, Template, TemplateCache
 from autobatch.datasets import Tree
 from autobatch.frontends.cells import CELL_DOMAIN
 from autobatch.frontends.tensors import attributes
+from tests.cycles import no_cycles_left
 from tests.example_models import model
 from tests.oracle import assert_same, traced_alone
 
@@ -768,3 +769,17 @@ def test_a_full_template_cache_keeps_its_most_recently_used_half():
     cache.functions.update({k: object() for k in range(4)})
     cache.make_room()
     assert not cache.templates and not cache.functions
+
+
+@pytest.mark.parametrize("form", ["primitive", "cells"])
+def test_a_traced_batch_leaves_no_reference_cycles(form):
+    """A batch, its records and its plan are freed when the last tensor goes, not by the
+    collector's next pass (its memos of parameters' tensors, which refer back to it, go at the
+    end of its block)."""
+    module, instances, params = model("tree_lstm")
+    loss = module.LOSSES[form]
+    batched(lambda batch, x: loss(x, params), instances)  # templates made once
+    with no_cycles_left():
+        values, batch = batched(lambda batch, x: loss(x, params), instances)
+        assert batch.last_plan is not None and values
+        del values, batch
