@@ -13,42 +13,36 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, helper
 
-from autobatch.backends import FeedError, Interpreter, evaluate
+from autobatch.backends import FeedError, Interpreter
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.backends.control_flow import CONTROL_FLOW
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_backend import OrtBackendRep
-from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxruntime, might_abort_onnxruntime, run_session
+from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxruntime, run_session
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import get_scheduler
-from autobatch.batcher.instances import InstanceRecords, instance_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
-from autobatch.batcher.constants import constants_to_initializers
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.executors import BACKENDS, flat_executor
-from autobatch.feed_keys import input_signature, values_key
-from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES, unroll_instance
+from autobatch.feed_keys import input_signature
+from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import WorkLimit, work_limit
 from autobatch.ir.types import type_of_value
 from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
-from autobatch.typed_instances import SharedConstants, plan_instances, typed_instance
+from autobatch.typed_instances import ModelInstances, plan_instances
 from autobatch.ways import ALONE, BATCHED, WayChooser
 
 log = logging.getLogger("autobatch")
 
 # A batched plan seen this often runs as one whole-plan onnxruntime session from then on.
 WHOLE_PLAN_AFTER = 2
-# What a session keeps, most recently used first: a long-running server meets ever new input
-# shapes and mixes of them, and unbounded caches would only grow.
-SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
+# What a session keeps, most recently used first (its instances' graphs: ``ModelInstances``): a
+# long-running server meets ever new mixes of input shapes, and unbounded caches would only grow.
 PLANS_KEPT = 256  # plans, per mix of input signatures
 KEYS_KEPT = 65536  # what flat plans learnt of record keys
-UNROLLED_NODES_KEPT = 500_000  # nodes of the control-flow instances last unrolled (``check`` unrolls what
-# ``run_batch`` then runs): a cap on nodes, not instances, as one instance may unroll into 100,000
 
 
 @dataclass
@@ -99,17 +93,13 @@ class InferenceSession:
         if threads is None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
         self.graph = model if isinstance(model, Graph) else from_onnx(model)
-        self.max_unrolled_nodes = max_unrolled_nodes
-        self._unrolled = _NodeBudget(UNROLLED_NODES_KEPT)  # the values of a control-flow instance -> its graph
+        self.instances = ModelInstances(self.graph, max_unrolled_nodes)
         self.backend = backend
         get_scheduler(scheduler)  # an unknown name fails here, not at the first batch
         self.scheduler = scheduler
         self.stats: SessionStats | None = None
-        self._typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
-        self._aborts: Recent = Recent(SHAPES_KEPT)  # input signature -> ``_might_abort``
-        self._constants = SharedConstants()
         # Control flow is unrolled per instance from its values, so such plans are not reused.
-        self._control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in self.graph.nodes.values())
+        self._control_flow = self.instances.control_flow
         self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
         self._parallel: ParallelRuns | None = None  # onnxruntime's CPU: a batch run alone, several at once
         if backend == "onnxruntime":
@@ -131,7 +121,6 @@ class InferenceSession:
         self.whole_plan_seconds: float | None = None
         self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
-        self._instance_records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords, or why not flat
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
         self._ways = WayChooser() if alone_when_faster else None
 
@@ -141,7 +130,7 @@ class InferenceSession:
         ``UnrollError`` where its control flow cannot be unrolled)."""
         checked = check_feeds(self.graph, feeds)
         if self._control_flow:
-            self._typed_graph(checked)
+            self.instances.graph_of(checked)
         return checked
 
     @functools.cached_property
@@ -184,7 +173,7 @@ class InferenceSession:
             key = None if self._control_flow else (input_signature(feeds),)
             return self._run_batched(names, [feeds], key, {}, time.perf_counter())[0]
         try:
-            with work_limit(self.max_unrolled_nodes):
+            with work_limit(self.instances.max_unrolled_nodes):
                 return self._interpreter.run(feeds, names)
         except WorkLimit as error:
             raise FeedError(str(error)) from None
@@ -193,8 +182,8 @@ class InferenceSession:
         """Whether onnxruntime's session of the whole model runs this instance alone: not where
         it might abort on a recurrent layer. Control flow is unrolled within
         ``max_unrolled_nodes`` first (or a FeedError), to know."""
-        unrolled = self._typed_graph(feeds) if self._control_flow else None
-        return not self._recurrent or not self._might_abort(feeds, unrolled)
+        unrolled = self.instances.graph_of(feeds) if self._control_flow else None
+        return not self._recurrent or not self.instances.might_abort(feeds, unrolled)
 
     def _at_once(self, checked: list[dict[str, Any]]) -> list[int] | None:
         """The instances of a batch run alone that run several at once, one per thread: on
@@ -331,7 +320,7 @@ class InferenceSession:
         # What a plan learns of record keys holds while their constants keep their values:
         # not across unrolled instances, whose constants are their own.
         plan, weights, wanted = plan_instances(
-            [self._records_of(feeds) for feeds in checked], [names] * len(checked), union_feeds,
+            [self.instances.records_of(feeds) for feeds in checked], [names] * len(checked), union_feeds,
             self.graph.functions, self.graph.opset_imports, self.scheduler,
             known=self._known_records if key is not None else None, padded=padded, cache=self.templates)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
@@ -351,7 +340,7 @@ class InferenceSession:
         inputs = [helper.make_value_info(name, type_of_value(value).proto) for name, value in union_feeds.items()]
         outputs = []
         for k, feeds in enumerate(checked):
-            typed = self._typed_graph(feeds)
+            typed = self.instances.graph_of(feeds)
             for name in names:
                 vtype = typed.values[name].type
                 info = helper.make_value_info(f"i{k}/{name}", vtype.proto) if vtype is not None \
@@ -360,17 +349,6 @@ class InferenceSession:
         return lower_plan(entry.plan, inputs, {name: name for name in union_feeds}, outputs, entry.weights,
                           self.graph.opset_imports, f"{self.graph.name}/plan")
 
-    def _records_of(self, feeds: Mapping[str, Any]) -> InstanceRecords:
-        """The typed graph of an instance with these feeds as records, made once per input
-        signature (with control flow, for each instance: it unrolls by its values)."""
-        if self._control_flow:
-            return instance_records(self._typed_graph(feeds))
-        signature = input_signature(feeds)
-        records = self._instance_records.get(signature)
-        if records is None:
-            records = self._instance_records[signature] = instance_records(self._typed_graph(feeds))
-        return records
-
     def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
         names = list(output_names) if output_names is not None else list(self.graph.outputs)
         unknown = [n for n in names if n not in self.graph.outputs]
@@ -378,64 +356,8 @@ class InferenceSession:
             raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {self.graph.outputs}")
         return names
 
-    def _might_abort(self, feeds: Mapping[str, Any], unrolled: Graph | None) -> bool:
-        """Whether onnxruntime could abort on a recurrent layer of this instance
-        (``might_abort_onnxruntime``): over its ``unrolled`` graph, or once per input signature
-        (typing the graph and walking its nodes for every instance run alone made the exported
-        LSTM tagger 2x slower)."""
-        if unrolled is not None:
-            return _aborts_onnxruntime(unrolled)
-        key = input_signature(feeds)
-        aborts = self._aborts.get(key)
-        if aborts is None:
-            aborts = self._aborts[key] = _aborts_onnxruntime(self._typed_graph(feeds))
-        return aborts
-
-    def _typed_graph(self, feeds: Mapping[str, Any]) -> Graph:
-        """The model with its inputs' concrete types and every value's shape inferred, cached
-        per distinct input signature; a model with control flow unrolled for these values."""
-        if self._control_flow:
-            key = values_key(feeds)
-            graph = self._unrolled.get(key)
-            if graph is None:
-                try:
-                    graph = unroll_instance(self.graph, feeds, evaluate, self.max_unrolled_nodes)
-                except WorkLimit as error:
-                    raise FeedError(str(error)) from None
-                constants_to_initializers(graph)
-                self._unrolled.add(key, graph)
-            return graph
-        key = input_signature(feeds)
-        graph = self._typed.get(key)
-        if graph is None:
-            graph = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()})
-            self._typed[key] = graph = self._constants.share(graph)
-        return graph
-
 
 def _usable_cores() -> int:
     """The cores this process may run on (its affinity where the system says; a container's
     may be fewer than the machine's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-class _NodeBudget:
-    """Graphs by key, the most recently used kept while their nodes add up to at most ``nodes``."""
-
-    def __init__(self, nodes: int) -> None:
-        self.nodes = nodes
-        self._graphs: Recent = Recent(1 << 30)
-
-    def get(self, key: Any) -> Graph | None:
-        return self._graphs.get(key)
-
-    def add(self, key: Any, graph: Graph) -> None:
-        self._graphs[key] = graph
-        total = sum(len(g) for g in self._graphs.values())
-        while total > self.nodes and len(self._graphs) > 1:
-            _, oldest = self._graphs.popitem(last=False)
-            total -= len(oldest)
-
-
-def _aborts_onnxruntime(graph: Graph) -> bool:
-    return any(might_abort_onnxruntime(graph, node) for node in graph.nodes.values())

@@ -1,6 +1,7 @@
 """An instance's graph typed for its input signature (``typed_instance``: shapes inferred, what
 the input types decide folded into constants), constants shared by identity across the graphs
-typed for a model's signatures, and the plan of instances given as their records."""
+typed for a model's signatures, what a session keeps of its model's instances
+(``ModelInstances``), and the plan of instances given as their records."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ from typing import Any
 
 import onnx
 
-from autobatch.backends import evaluate
+from autobatch.backends import FeedError, evaluate
+from autobatch.backends.control_flow import CONTROL_FLOW
+from autobatch.backends.ort_runtime import might_abort_onnxruntime
 from autobatch.batcher.constants import constants_to_initializers, fold_known_values
 from autobatch.batcher.flat import plan_records
-from autobatch.batcher.instances import InstanceRecords, alike, mix_records
+from autobatch.batcher.instances import InstanceRecords, alike, instance_records, mix_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
-from autobatch.ir import Graph, ValueType
+from autobatch.feed_keys import input_signature, values_key
+from autobatch.frontends.onnx_control_flow import unroll_instance
+from autobatch.ir import Graph, Recent, ValueType
+from autobatch.ir.types import type_of_value
+from autobatch.ir.limits import WorkLimit
 
 FOLD_ROUNDS = 8  # rounds of folding what the input types decide, then inferring shapes again
+# What a session keeps, most recently used first: a long-running server meets ever new input
+# shapes, and unbounded caches would only grow.
+SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
+UNROLLED_NODES_KEPT = 500_000  # nodes of the control-flow instances last unrolled (``check`` unrolls what
+# ``run_batch`` then runs): a cap on nodes, not instances, as one instance may unroll into 100,000
 
 
 class SharedConstants(dict):
@@ -34,6 +46,88 @@ class SharedConstants(dict):
             if alike(first, array):
                 value.const = first
         return graph
+
+
+class ModelInstances:
+    """A model's instances as a session plans and runs them, kept per input signature: the model
+    typed for it, its records, whether onnxruntime could abort on it. With control flow, each
+    instance is unrolled by its values instead (within ``max_unrolled_nodes``, else a FeedError)."""
+
+    def __init__(self, graph: Graph, max_unrolled_nodes: int) -> None:
+        self.graph = graph
+        self.max_unrolled_nodes = max_unrolled_nodes
+        self.control_flow = any(n.op_type in CONTROL_FLOW and not n.domain for n in graph.nodes.values())
+        self.typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
+        self.records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords
+        self._aborts: Recent = Recent(SHAPES_KEPT)  # input signature -> ``might_abort``
+        self._unrolled = _NodeBudget(UNROLLED_NODES_KEPT)  # the values of a control-flow instance -> its graph
+        self._constants = SharedConstants()
+
+    def graph_of(self, feeds: Mapping[str, Any]) -> Graph:
+        """The model with its inputs' concrete types and every value's shape inferred; a model
+        with control flow unrolled for these values."""
+        if self.control_flow:
+            key = values_key(feeds)
+            graph = self._unrolled.get(key)
+            if graph is None:
+                try:
+                    graph = unroll_instance(self.graph, feeds, evaluate, self.max_unrolled_nodes)
+                except WorkLimit as error:
+                    raise FeedError(str(error)) from None
+                constants_to_initializers(graph)
+                self._unrolled.add(key, graph)
+            return graph
+        key = input_signature(feeds)
+        graph = self.typed.get(key)
+        if graph is None:
+            graph = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()})
+            self.typed[key] = graph = self._constants.share(graph)
+        return graph
+
+    def records_of(self, feeds: Mapping[str, Any]) -> InstanceRecords:
+        """The typed graph of an instance as records (with control flow, made for each instance)."""
+        if self.control_flow:
+            return instance_records(self.graph_of(feeds))
+        signature = input_signature(feeds)
+        records = self.records.get(signature)
+        if records is None:
+            records = self.records[signature] = instance_records(self.graph_of(feeds))
+        return records
+
+    def might_abort(self, feeds: Mapping[str, Any], unrolled: Graph | None) -> bool:
+        """Whether onnxruntime could abort on a recurrent layer of this instance
+        (``might_abort_onnxruntime``): over its ``unrolled`` graph, or once per input signature
+        (typing the graph and walking its nodes for every instance run alone made the exported
+        LSTM tagger 2x slower)."""
+        if unrolled is not None:
+            return _aborts_onnxruntime(unrolled)
+        key = input_signature(feeds)
+        aborts = self._aborts.get(key)
+        if aborts is None:
+            aborts = self._aborts[key] = _aborts_onnxruntime(self.graph_of(feeds))
+        return aborts
+
+
+class _NodeBudget:
+    """Graphs by key, the most recently used kept while their nodes add up to at most ``nodes``."""
+
+    def __init__(self, nodes: int) -> None:
+        self.nodes = nodes
+        self._graphs: Recent = Recent(1 << 30)
+
+    def get(self, key: Any) -> Graph | None:
+        return self._graphs.get(key)
+
+    def add(self, key: Any, graph: Graph) -> None:
+        self._graphs[key] = graph
+        total = sum(len(g) for g in self._graphs.values())
+        while total > self.nodes and len(self._graphs) > 1:
+            _, oldest = self._graphs.popitem(last=False)
+            total -= len(oldest)
+
+
+def _aborts_onnxruntime(graph: Graph) -> bool:
+    return any(might_abort_onnxruntime(graph, node) for node in graph.nodes.values())
 
 
 def typed_instance(graph: Graph, input_types: Mapping[str, ValueType]) -> Graph:
