@@ -5,8 +5,9 @@ lowering walks the plan's steps as the executor does, but an arena here is a lis
 one a row: where that row lives, ``(tensor, index)`` (row ``index`` of ``tensor``, or the whole
 tensor for ``WHOLE``). A step's operand is made from its rows' entries when it is read: nothing
 when they are all of one tensor in order, a Slice or Gather of one tensor, else a Concat of such
-pieces. Each template becomes a model-local function, called once a launch and inlined at the
-end (``onnx.inliner``), so a template's subgraphs keep reading their own names.
+pieces. Each template becomes a model-local function, called once a launch: the plan is an IR
+graph of these calls (``lowered_graph``), exported through the IR's ONNX export and inlined
+there (``onnx.inliner``, ``lower_plan``), so a template's subgraphs keep reading their own names.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from onnx import helper, numpy_helper
 from autobatch.backends.graph_tidy import constant_nodes_to_initializers, drop_unread
 from autobatch.backends.lowered_steps import Entry, StepKinds, pick
 from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
-from autobatch.ir.onnx_io import choose_ir_version
+from autobatch.ir import Graph, ValueType
+from autobatch.ir.onnx_io import choose_ir_version, to_onnx
 
 WHOLE = -1  # an entry's index when the tensor is the row itself (a ``once`` result, a literal)
 DOMAIN = "autobatch.plan"  # of the template functions, gone once inlined
@@ -350,13 +352,13 @@ class _Lowering(StepKinds):
         return list(shape), helper.tensor_dtype_to_np_dtype(elem_type)
 
 
-def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
-               outputs: Sequence[tuple[onnx.ValueInfoProto, tuple[int, Any]]], weights: Mapping[str, np.ndarray],
-               opset_imports: Mapping[str, int], name: str = "batched") -> onnx.ModelProto:
-    """One ONNX model computing what ``plan`` computes: its graph ``inputs`` give the literals
-    (``literals``: the plan's name of each -> the input's), the ``weights`` it reads become
-    initializers, and each output is the value at its plan location. Every step is inlined: the model holds only
-    ONNX ops (and the source model's own functions, inlined too)."""
+def lowered_graph(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
+                  outputs: Sequence[tuple[onnx.ValueInfoProto, tuple[int, Any]]], weights: Mapping[str, np.ndarray],
+                  opset_imports: Mapping[str, int], name: str = "batched") -> Graph:
+    """The IR graph computing what ``plan`` computes: its ``inputs`` give the literals
+    (``literals``: the plan's name of each -> the input's), the ``weights`` it reads are its
+    initializers, each output is the value at its plan location, and each launch of a
+    template is a call of the template's model-local function (domain ``DOMAIN``)."""
     lowering = _Lowering(plan, inputs, literals, weights, opset_imports.get("", 1))
     for step in plan.steps:
         lowering.step(step)
@@ -368,18 +370,34 @@ def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: 
             named[value] = info.name
         else:
             lowering.nodes.append(helper.make_node("Identity", [named.get(value, value)], [info.name]))
+    graph = Graph(name, {**opset_imports, DOMAIN: 1})
+    for info in inputs:
+        graph.add_input(info.name, ValueType(info.type))
+    for key, array in lowering.initializers.items():
+        graph.add_initializer(key, array)
     for node in lowering.nodes:
-        for names in (node.input, node.output):
-            names[:] = [named.get(name, name) for name in names]
-    graph = helper.make_graph(lowering.nodes, name, list(inputs), [info for info, _ in outputs],
-                              [numpy_helper.from_array(array, key) for key, array in lowering.initializers.items()])
-    opsets = [helper.make_opsetid(domain, version) for domain, version in sorted({**opset_imports, DOMAIN: 1}.items())]
-    model = helper.make_model(graph, opset_imports=opsets, functions=list(lowering.functions.values()))
+        graph.add_node(node.op_type, [named.get(n, n) for n in node.input], [named.get(n, n) for n in node.output],
+                       {a.name: a for a in node.attribute}, domain=node.domain)
+    for info, _ in outputs:
+        graph.values[info.name].type = ValueType(info.type)
+        graph.add_output(info.name)
+    graph.functions.update(lowering.functions)
+    return graph
+
+
+def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
+               outputs: Sequence[tuple[onnx.ValueInfoProto, tuple[int, Any]]], weights: Mapping[str, np.ndarray],
+               opset_imports: Mapping[str, int], name: str = "batched") -> onnx.ModelProto:
+    """One ONNX model computing what ``plan`` computes (``lowered_graph``, exported through the
+    IR's export), every step inlined: the model holds only ONNX ops (and the source model's own
+    functions, inlined too)."""
+    model = to_onnx(lowered_graph(plan, inputs, literals, outputs, weights, opset_imports, name), check=False)
     model = onnx.inliner.inline_local_functions(model)
     drop_unread(model.graph)
     constant_nodes_to_initializers(model.graph)
+    opsets = [opset for opset in model.opset_import if opset.domain != DOMAIN]
     del model.opset_import[:]
-    model.opset_import.extend(opset for opset in opsets if opset.domain != DOMAIN)
+    model.opset_import.extend(opsets)
     model.ir_version = choose_ir_version(model, None)
     return model
 

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from autobatch import InferenceSession
+from autobatch.backends import lowering
 from autobatch.ir import from_onnx, to_onnx
 from autobatch.tools import batch_one_graph, compute_ops, random_feeds
 from benchmarks.rewrite_branches import encoder_branches, lstm_tagger_branches
@@ -99,3 +100,29 @@ def test_a_plan_with_a_step_onnxruntime_cannot_take_stays_step_by_step(caplog):
     assert "runs step by step: solo_Cast runs on the NumPy interpreter" in caplog.text
     assert caplog.text.count("runs step by step") == 1  # said once, not every batch
     assert_same(got[1][0], batch[1]["x"])
+
+
+def test_the_lowered_plan_is_an_ir_graph_of_template_calls(monkeypatch):
+    """The lowering builds an IR graph, a call of a template's function a launch, and exports it
+    through the IR's export: valid IR, and run by onnxruntime as it is (functions not inlined)
+    it equals the model ``plan_model`` gives."""
+    made = []
+    original = lowering.lowered_graph
+    monkeypatch.setattr(lowering, "lowered_graph", lambda *args: made.append(original(*args)) or made[-1])
+    model = lstm_tagger_branches([4], 6, 5)  # one branch: an instance is a sentence, of any length
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "L"
+    session = InferenceSession(model, backend="onnxruntime")
+    rng = np.random.default_rng(3)
+    batch = [{"x0": rng.standard_normal((n, 1, 6)).astype(np.float32)} for n in (4, 2, 5)]
+    inlined = session.plan_model(batch)
+    (graph,) = made
+    graph.validate()
+    calls = [node for node in graph.nodes.values() if node.domain == lowering.DOMAIN]
+    assert calls and {(lowering.DOMAIN, node.op_type) for node in calls} <= graph.functions.keys()
+    assert not any(node.domain == lowering.DOMAIN for node in inlined.graph.node)
+    feeds = {f"i{k}/{name}": value for k, feeds in enumerate(batch) for name, value in feeds.items()}
+    want, got = run_model(inlined, feeds), run_model(to_onnx(graph, check=False), feeds)
+    assert list(got) == list(want)
+    for name in want:
+        assert_same(got[name], want[name], what=name)
