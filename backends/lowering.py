@@ -13,7 +13,7 @@ there (``onnx.inliner``, ``lower_plan``), so a template's subgraphs keep reading
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -34,6 +34,17 @@ DOMAIN = "autobatch.plan"  # of the template functions, gone once inlined
 STACK_BYTES = 64 * 1024
 
 
+class _Op(NamedTuple):
+    """A node of the lowered graph while it is made (Slices become Splits, outputs take their
+    names) before it goes into the IR graph."""
+
+    op_type: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, Any]
+    domain: str = ""
+
+
 class _Lowering(StepKinds):
     def __init__(self, plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
                  weights: Mapping[str, np.ndarray], opset: int) -> None:
@@ -43,7 +54,7 @@ class _Lowering(StepKinds):
         self.literals = literals  # the plan's name of each literal -> the graph input that gives it
         self.weights = weights
         self.opset = opset
-        self.nodes: list[onnx.NodeProto] = []
+        self.nodes: list[_Op] = []
         self.made_before: dict[tuple, list[str]] = {}
         self.slices: dict[str, dict[str, tuple[int, int]]] = {}  # tensor -> Slice output -> its rows
         self.constants: dict[tuple, str] = {}
@@ -74,7 +85,8 @@ class _Lowering(StepKinds):
         names = self.made_before.get(key)
         if names is None:
             names = self.made_before[key] = [f"plan/{len(self.made_before)}/{k}" for k in range(outputs)]
-            self.nodes.append(helper.make_node(op_type, list(inputs), names, **attributes))
+            domain = attributes.pop("domain", "")
+            self.nodes.append(_Op(op_type, list(inputs), names, attributes, domain))
         return names
 
     def constant(self, array: np.ndarray) -> str:
@@ -258,8 +270,8 @@ class _Lowering(StepKinds):
     def slices_to_splits(self) -> None:
         """Disjoint Slices of one tensor's rows as one Split, where the first of them was: a
         ragged step's result read a member at a time costs one launch, not one a member."""
-        position = {node.output[0]: k for k, node in enumerate(self.nodes)}
-        replaced: dict[int, onnx.NodeProto | None] = {}
+        position = {node.outputs[0]: k for k, node in enumerate(self.nodes)}
+        replaced: dict[int, _Op | None] = {}
         for tensor, slices in self.slices.items():
             ranges = sorted((bounds, name) for name, bounds in slices.items())
             total = self.lengths.get(tensor)
@@ -276,8 +288,8 @@ class _Lowering(StepKinds):
             if row < total:
                 sizes.append(total - row)
                 outputs.append(f"{tensor}/rest")
-            split = helper.make_node("Split", [tensor], outputs, axis=0, split=sizes) if self.opset < 13 else \
-                helper.make_node("Split", [tensor, self.constant(np.array(sizes, np.int64))], outputs, axis=0)
+            split = _Op("Split", [tensor], outputs, {"axis": 0, "split": sizes}) if self.opset < 13 else \
+                _Op("Split", [tensor, self.constant(np.array(sizes, np.int64))], outputs, {"axis": 0})
             places = sorted(position[name] for _, name in ranges)
             replaced[places[0]] = split
             replaced.update((k, None) for k in places[1:])
@@ -369,15 +381,15 @@ def lowered_graph(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literal
         if value.startswith("plan/") and value not in named:  # made here: it takes the output's name
             named[value] = info.name
         else:
-            lowering.nodes.append(helper.make_node("Identity", [named.get(value, value)], [info.name]))
+            lowering.nodes.append(_Op("Identity", [named.get(value, value)], [info.name], {}))
     graph = Graph(name, {**opset_imports, DOMAIN: 1})
     for info in inputs:
         graph.add_input(info.name, ValueType(info.type))
     for key, array in lowering.initializers.items():
         graph.add_initializer(key, array)
     for node in lowering.nodes:
-        graph.add_node(node.op_type, [named.get(n, n) for n in node.input], [named.get(n, n) for n in node.output],
-                       {a.name: a for a in node.attribute}, domain=node.domain)
+        graph.add_node(node.op_type, [named.get(n, n) for n in node.inputs], [named.get(n, n) for n in node.outputs],
+                       node.attributes, domain=node.domain)
     for info, _ in outputs:
         graph.values[info.name].type = ValueType(info.type)
         graph.add_output(info.name)
