@@ -24,6 +24,7 @@ from autobatch.backends.graph_tidy import constant_nodes_to_initializers, drop_u
 from autobatch.backends.lowered_steps import Entry, StepKinds, pick
 from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
 from autobatch.ir import Graph, ValueType
+from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.onnx_io import choose_ir_version, to_onnx
 
 WHOLE = -1  # an entry's index when the tensor is the row itself (a ``once`` result, a literal)
@@ -397,6 +398,7 @@ def lowered_graph(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literal
     return graph
 
 
+@without_gc  # bulk graph work: the collector's passes over a session's heap cost more than the lowering
 def lower_plan(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literals: Mapping[str, str],
                outputs: Sequence[tuple[onnx.ValueInfoProto, tuple[int, Any]]], weights: Mapping[str, np.ndarray],
                opset_imports: Mapping[str, int], name: str = "batched") -> onnx.ModelProto:
