@@ -28,6 +28,7 @@ from autobatch.executors import BACKENDS, flat_executor
 from autobatch.feed_keys import input_signature
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir import Graph, Recent, from_onnx
+from autobatch.ir.recent import Budgeted
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import WorkLimit, work_limit
 from autobatch.ir.types import type_of_value
@@ -42,6 +43,9 @@ WHOLE_PLAN_AFTER = 2
 # What a session keeps, most recently used first (its instances' graphs: ``ModelInstances``): a
 # long-running server meets ever new mixes of input shapes, and unbounded caches would only grow.
 PLANS_KEPT = 256  # plans, per mix of input signatures
+# ... while their records add up to at most this: a 64-text BERT plan (4,736 records) holds about
+# 1.2 MiB of steps, and a server meets a new mix in almost every batch.
+PLAN_RECORDS_KEPT = 262_144
 KEYS_KEPT = 65536  # what flat plans learnt of record keys
 
 
@@ -119,7 +123,7 @@ class InferenceSession:
         # what making the last whole-plan session cost (None: none made yet): a mix is made one
         # once running it step by step has cost as much (rent until the rent paid equals the price)
         self.whole_plan_seconds: float | None = None
-        self._flat_plans: Recent = Recent(PLANS_KEPT)  # mix -> _FlatPlan, or why not flat
+        self._flat_plans = Budgeted(PLANS_KEPT, PLAN_RECORDS_KEPT, _records_planned)  # mix -> _FlatPlan
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
         self._ways = WayChooser() if alone_when_faster else None
@@ -355,6 +359,10 @@ class InferenceSession:
         if unknown:
             raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {self.graph.outputs}")
         return names
+
+
+def _records_planned(entry: _FlatPlan) -> int:
+    return entry.plan.report.nodes
 
 
 def _usable_cores() -> int:

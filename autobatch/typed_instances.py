@@ -20,6 +20,7 @@ from autobatch.batcher.plan import FlatPlan, TemplateCache
 from autobatch.feed_keys import input_signature, values_key
 from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, Recent, ValueType
+from autobatch.ir.recent import Budgeted
 from autobatch.ir.types import type_of_value
 from autobatch.ir.limits import WorkLimit
 
@@ -60,7 +61,8 @@ class ModelInstances:
         self.typed: Recent = Recent(SHAPES_KEPT)  # input signature -> the model typed for it
         self.records: Recent = Recent(SHAPES_KEPT)  # input signature -> InstanceRecords
         self._aborts: Recent = Recent(SHAPES_KEPT)  # input signature -> ``might_abort``
-        self._unrolled = _NodeBudget(UNROLLED_NODES_KEPT)  # the values of a control-flow instance -> its graph
+        # the values of a control-flow instance -> its graph
+        self._unrolled = Budgeted(1 << 30, UNROLLED_NODES_KEPT, len)
         self._constants = SharedConstants()
 
     def graph_of(self, feeds: Mapping[str, Any]) -> Graph:
@@ -75,7 +77,7 @@ class ModelInstances:
                 except WorkLimit as error:
                     raise FeedError(str(error)) from None
                 constants_to_initializers(graph)
-                self._unrolled.add(key, graph)
+                self._unrolled[key] = graph
             return graph
         key = input_signature(feeds)
         graph = self.typed.get(key)
@@ -106,24 +108,6 @@ class ModelInstances:
         if aborts is None:
             aborts = self._aborts[key] = _aborts_onnxruntime(self.graph_of(feeds))
         return aborts
-
-
-class _NodeBudget:
-    """Graphs by key, the most recently used kept while their nodes add up to at most ``nodes``."""
-
-    def __init__(self, nodes: int) -> None:
-        self.nodes = nodes
-        self._graphs: Recent = Recent(1 << 30)
-
-    def get(self, key: Any) -> Graph | None:
-        return self._graphs.get(key)
-
-    def add(self, key: Any, graph: Graph) -> None:
-        self._graphs[key] = graph
-        total = sum(len(g) for g in self._graphs.values())
-        while total > self.nodes and len(self._graphs) > 1:
-            _, oldest = self._graphs.popitem(last=False)
-            total -= len(oldest)
 
 
 def _aborts_onnxruntime(graph: Graph) -> bool:

@@ -66,7 +66,7 @@ class OrtTemplate:
     def _session(self, model: ModelProto) -> ort.InferenceSession:
         # onnxruntime validates the model itself; onnx.checker would refuse a model-local function
         # imported at another opset than the model (a cell made from an older ONNX model).
-        return new_session(model, self.settings.options, self.settings.providers)
+        return new_session(model, self.settings.template_options, self.settings.providers)
 
     def _model(self) -> ModelProto:
         model = to_onnx(self.graph, check=False)

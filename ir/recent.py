@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 
@@ -30,3 +31,29 @@ class Recent(OrderedDict):
                 self.popitem(last=False)
             except KeyError:  # emptied by another thread
                 break
+
+
+class Budgeted(Recent):
+    """A ``Recent`` that also keeps its entries' ``cost`` (a plan's records, a graph's nodes)
+    within ``budget``: the oldest go first, the newest stays whatever it costs. What one big
+    model's entries hold is bounded by what they cost, not by how many there are."""
+
+    def __init__(self, size: int, budget: int, cost: Callable[[Any], int]) -> None:
+        super().__init__(size)
+        self.budget = budget
+        self.cost = cost
+        self.total = 0
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        old = OrderedDict.get(self, key)
+        if old is not None:
+            self.total -= self.cost(old)
+        OrderedDict.__setitem__(self, key, value)
+        self.move_to_end(key)
+        self.total += self.cost(value)
+        while len(self) > 1 and (len(self) > self.size or self.total > self.budget):
+            try:
+                _, oldest = self.popitem(last=False)
+            except KeyError:  # emptied by another thread
+                break
+            self.total -= self.cost(oldest)

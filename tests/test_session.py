@@ -18,6 +18,8 @@ import autobatch.typed_instances
 from autobatch.backends import FeedError
 from autobatch.batcher.plan import Template
 from autobatch.examples.ray_serve import MODEL_TEXT
+from autobatch.feed_keys import input_signature
+from autobatch.ir.recent import Budgeted
 from tests.cycles import no_cycles_left
 
 MODEL = onnx.parser.parse_model(MODEL_TEXT)  # a tiny tagger: x has a length of its own
@@ -136,13 +138,24 @@ def test_caches_keep_only_the_most_recent_shapes_and_mixes(backend, monkeypatch)
     monkeypatch.setattr(autobatch.typed_instances, "SHAPES_KEPT", 3)
     monkeypatch.setattr(autobatch.session, "PLANS_KEPT", 2)
     session = autobatch.InferenceSession(MODEL, backend=backend)
-    for lengths in ([1, 2], [3, 4], [5, 6], [1, 2], [7, 2], [3, 1]):
+    for lengths in ([1, 2], [3, 4], [5, 6], [1, 2], [7, 2], [3, 1]):  # plans of 10 records
         instances = feeds(lengths, seed=sum(lengths))
         for instance, outputs in zip(instances, session.run_batch(None, instances), strict=True):
             for alone, got in zip(session.run(None, instance), outputs, strict=True):
                 np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
         assert len(session.instances.typed) <= 3 and len(session.instances.records) <= 3
         assert len(session._flat_plans) <= 2
+
+
+def test_kept_plans_are_bounded_by_their_records(backend, monkeypatch):
+    """Plans of a big model are kept by what they hold, not only by how many they are."""
+    monkeypatch.setattr(autobatch.session, "PLAN_RECORDS_KEPT", 25)
+    session = autobatch.InferenceSession(MODEL, backend=backend, alone_when_faster=False)
+    for lengths in ([1, 2], [3, 4], [5, 6], [1, 2, 3], [7, 2]):  # plans of 10 and 15 records
+        session.run_batch(None, feeds(lengths))
+        assert sum(entry.plan.report.nodes for entry in session._flat_plans.values()) <= 25
+    assert list(session._flat_plans) == [(*map(input_signature, feeds([1, 2, 3])),),
+                                         (*map(input_signature, feeds([7, 2])),)]
 
 
 def test_threads_sharing_a_session_get_right_results(backend, monkeypatch):
@@ -171,6 +184,18 @@ def test_recent_keeps_the_most_recently_used():
     recent["a"] = 4  # setting uses an entry too
     recent["d"] = 5
     assert list(recent) == ["a", "d"] and recent.get("a") == 4
+
+
+def test_budgeted_keeps_the_most_recent_within_their_cost():
+    kept = Budgeted(10, budget=5, cost=len)
+    kept["a"], kept["b"] = "xx", "yy"
+    assert kept.get("a") == "xx"  # "a" used: "b" is now the oldest
+    kept["c"] = "zz"  # 6 > 5: the oldest goes
+    assert list(kept) == ["a", "c"] and kept.total == 4
+    kept["a"] = "x"  # set again: its old cost is no longer counted
+    assert kept.total == 3 and list(kept) == ["c", "a"]
+    kept["big"] = "y" * 9  # the newest stays whatever it costs
+    assert list(kept) == ["big"] and kept.total == 9
 
 
 CONSTANT_OUTPUTS = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 18]>
