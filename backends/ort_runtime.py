@@ -233,6 +233,20 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     return options
 
 
+@functools.cache
+def shared_cpu_arena() -> bool:
+    """Whether onnxruntime's environment has a CPU arena that sessions may share (registered
+    here once, for the process: sessions that do not ask for it keep their own)."""
+    try:
+        ort.create_and_register_allocator(
+            ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT),
+            ort.OrtArenaCfg(0, -1, -1, -1))
+    except Exception:  # an allocator registered before by the process, or an onnxruntime without the call
+        log.info("onnxruntime's shared CPU arena is not available: templates' sessions keep their own")
+        return False
+    return True
+
+
 class OrtSettings:
     """onnxruntime's execution providers and session options, shared by the sessions that a
     backend makes (a template's, a whole plan's); the sessions are kept by their owners."""
@@ -240,12 +254,12 @@ class OrtSettings:
     def __init__(self, providers: Sequence[str] | None = None, threads: int = 0) -> None:
         self.providers = tuple(providers) if providers is not None else default_providers()
         self.options = session_options(threads)
-        # A template's session (a plan's step) without onnxruntime's CPU memory arena: each of
-        # the hundreds a server's new mixes make kept its arena's peak (64-text BERT mixes, 60 of
-        # them: resident memory +210 MiB with arenas, +136 without; the same speed). A whole
-        # plan's session keeps its arena (BERT's ran 27 ms a mix with it, 44-52 without).
+        # Templates' sessions (a plan's steps) share one CPU memory arena, the environment's:
+        # each of the hundreds that a server's new mixes make kept an arena of its own at its
+        # peak. A whole plan's session keeps its own.
         self.template_options = session_options(threads)
-        self.template_options.enable_cpu_mem_arena = False
+        if shared_cpu_arena():
+            self.template_options.add_session_config_entry("session.use_env_allocators", "1")
 
     @property
     def on_cuda(self) -> bool:
