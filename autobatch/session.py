@@ -329,6 +329,7 @@ class InferenceSession:
             known=self._known_records if key is not None else None, padded=padded, cache=self.templates)
         return _FlatPlan(plan, weights, [plan.locations[name] for name in wanted])
 
+    @without_gc  # bulk planning, as run_batch's
     def plan_model(self, feeds_list: Sequence[Mapping[str, Any]]) -> ModelProto:
         """The plan of these instances lowered to one ONNX model (``backends.lowering``): input
         ``i{k}/name`` is instance k's input ``name``, output ``i{k}/name`` its output. It

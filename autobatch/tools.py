@@ -27,6 +27,7 @@ from autobatch.batcher.node_rules import refusal
 from autobatch.batcher.signature import describe, node_signature
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
+from autobatch.ir.gc_pause import without_gc
 from autobatch.fallbacks import batched_else_alone, each_alone
 from autobatch.session import InferenceSession
 from autobatch.typed_instances import plan_instances, typed_instance
@@ -146,6 +147,7 @@ class RewriteResult:
     max_difference: float | None = None
 
 
+@without_gc  # bulk planning, as run_batch's
 def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     """Batch the isomorphic nodes inside one graph (parallel branches: K copies of a cell,
     the unrolled per-example loop of an exporter) by the flat plan, lowered to one ONNX graph

@@ -423,3 +423,20 @@ def test_a_new_mix_leaves_no_reference_cycles(backend):
     with no_cycles_left():
         session.run_batch(None, feeds([3, 1, 2, 4, 3]))  # a new mix
         assert session.stats.report is not None and not session.stats.plan_cached
+
+
+def test_template_sessions_share_one_cpu_arena_and_whole_plans_keep_their_own():
+    """Hundreds of template sessions each with an arena at its peak grew a server's memory;
+    a whole plan's session, which runs a model's worth of ops, keeps its own arena."""
+    session = autobatch.InferenceSession(MODEL, backend="onnxruntime", alone_when_faster=False)
+    batch = feeds([2, 3, 1])
+    for _ in range(3):  # step by step, then as one session
+        session.run_batch(None, batch)
+    assert session.stats.whole_plan
+    fed = [runner._fed for template in session.templates.templates.values() if isinstance(template, Template)
+           for runner in template.runners.values() if getattr(runner, "_fed", None) is not None]
+    assert fed and all(s.get_session_options().get_session_config_entry("session.use_env_allocators") == "1"
+                       for s in fed)
+    (whole,) = session._whole_plans.values()
+    with pytest.raises(RuntimeError, match="does not have configuration"):  # not asked for
+        whole.session.get_session_options().get_session_config_entry("session.use_env_allocators")
