@@ -150,13 +150,15 @@ def print_new_mix_split(total: float, parts: dict[str, float], alone: float) -> 
     template runs alone would be against onnxruntime one text at a time over that mix
     (``alone``): batching step by step cannot beat that ratio however cheap planning and the
     Python between steps become."""
-    planning = sum(parts.get(phase, 0.0) for phase in ("build", "analyse", "schedule", "plan"))
     kernels = parts.get("kernels", 0.0)
+    if not kernels:  # it ran as one session, or no new mix was timed
+        return
+    planning = sum(parts.get(phase, 0.0) for phase in ("build", "analyse", "schedule", "plan"))
     moves = parts.get("gather", 0.0) + parts.get("scatter", 0.0)
     rest = total - planning - kernels - moves
     print(f"  a new mix batched, {total * 1e3:.1f} ms: planning {planning * 1e3:.1f}, template runs (kernels) "
           f"{kernels * 1e3:.1f}, gathers and writes {moves * 1e3:.1f}, the rest {rest * 1e3:.1f}; "
-          f"its template runs alone would be {alone / kernels:.2f}x onnxruntime one text at a time" if kernels else "")
+          f"its template runs alone would be {alone / kernels:.2f}x onnxruntime one text at a time")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,11 +26,18 @@ class Recent(OrderedDict):
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
-        while len(self) > self.size:
+        while self._over():
             try:
-                self.popitem(last=False)
+                _, gone = self.popitem(last=False)
             except KeyError:  # emptied by another thread
                 break
+            self._gone(gone)
+
+    def _over(self) -> bool:
+        return len(self) > self.size
+
+    def _gone(self, value: Any) -> None:
+        """An entry let go to make room."""
 
 
 class Budgeted(Recent):
@@ -45,15 +52,12 @@ class Budgeted(Recent):
         self.total = 0
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        old = OrderedDict.get(self, key)
-        if old is not None:
-            self.total -= self.cost(old)
-        OrderedDict.__setitem__(self, key, value)
-        self.move_to_end(key)
-        self.total += self.cost(value)
-        while len(self) > 1 and (len(self) > self.size or self.total > self.budget):
-            try:
-                _, oldest = self.popitem(last=False)
-            except KeyError:  # emptied by another thread
-                break
-            self.total -= self.cost(oldest)
+        old = OrderedDict.get(self, key)  # (``Recent.get`` would count as a use)
+        self.total += self.cost(value) - (self.cost(old) if old is not None else 0)
+        super().__setitem__(key, value)
+
+    def _over(self) -> bool:
+        return super()._over() or (len(self) > 1 and self.total > self.budget)
+
+    def _gone(self, value: Any) -> None:
+        self.total -= self.cost(value)
