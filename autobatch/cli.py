@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = arguments.parser("autobatch", "On-the-fly operation batching for dynamic computation graphs over ONNX.",
                               ["autobatch demo", "autobatch inspect model.onnx --instances 8 --draw plan.svg",
                                "autobatch rewrite branches.onnx -o batched.onnx --check",
+                               "autobatch ops MatMul LSTM   (what the batcher can do with them)",
                                "autobatch run model.onnx --inputs instances.jsonl -o results.jsonl",
                                "autobatch serve model.onnx --port 8000   (needs: pip install 'onnx-autobatch[serve]')"])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -53,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--draw", metavar="FILE", type=arguments.output_file(".png", ".svg", ".dot"),
                          help="draw the batch plan: .png or .svg (needs the draw extra), or Graphviz .dot; past "
                               f"{MAX_DRAWN_NODES} nodes, one box a signature class")
+
+    ops = command("ops", "what the batcher can do with each op type: stacked, ragged across lengths, padded, ...",
+                  ["autobatch ops", "autobatch ops MatMul LSTM Softmax   (when each way applies)"])
+    ops.add_argument("op_types", nargs="*", metavar="OP", help="op types of ONNX's default domain (default: all)")
 
     rewrite = command("rewrite", "ONNX in, batched ONNX out: batch the isomorphic nodes inside one graph",
                       ["autobatch rewrite branches.onnx -o batched.onnx",
@@ -155,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return _dispatch(parser, args)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (OSError, ValueError, RuntimeError, MemoryError) as error:  # our errors name what is wrong: one line
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"autobatch {args.command}: error: {message}", file=sys.stderr)
@@ -174,6 +183,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.draw and not args.draw.endswith(".dot"):
             _require("draw", "matplotlib")
         tools.inspect_model(args.model, args.instances, args.draw, print)
+    elif args.command == "ops":
+        from autobatch.capability_text import print_capabilities
+
+        print_capabilities(args.op_types, print)
     elif args.command == "rewrite":
         tools.rewrite_model(args.model, args.output, args.scheduler, args.check, print)
     elif args.command == "run":

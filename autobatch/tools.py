@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from autobatch.arrays import array_from_json
+from autobatch.capability_text import model_ways
 from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, UnsupportedByOnnxruntime, new_session, session_options
 from autobatch.backends.lowering import lower_plan
@@ -75,6 +76,7 @@ def inspect_model(path: str, instances: int, draw: str | None, out: Print) -> No
         for name in names:
             out(f"  {kind:<6} {name}: {_type_text(graph, name)}")
     out("  ops: " + ", ".join(f"{op} x{n}" for op, n in op_counts(graph).most_common()))
+    out("  ways to batch them: " + model_ways([node.op_type for node in graph.nodes.values() if not node.domain]))
     one = typed_instance(graph, {name: graph.values[name].type for name in graph.inputs})
     classes = Counter(node_signature(one, n) for n in one.nodes.values())
     out(f"  signature classes in one instance: {len(classes)} ({classes.get(None, 0)} nodes without static shapes)")

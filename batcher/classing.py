@@ -16,7 +16,7 @@ from autobatch.batcher.padding import padding
 from autobatch.batcher.plan import Kind, RowReduction, Template, TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
-from autobatch.batcher.rules import Refusal
+from autobatch.batcher.rule_tables import Refusal
 from autobatch.batcher.sequences import SEQUENCE_LENS, own_states, zero_states
 from autobatch.batcher.signature import attributes_key
 from autobatch.batcher.templates import as_rows, build_solo, build_template

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from onnx import FunctionProto
 
 from autobatch.batcher.constants import constant_value
-from autobatch.batcher.rules import RULES, Emitter, Operand, Refusal, Rule, Shape, refuse
+from autobatch.batcher.rule_tables import Emitter, Operand, Refusal, Shape, refuse
+from autobatch.batcher.rules import RULES, Rule
 from autobatch.ir import Node, ValueType
 
 Functions = Mapping[tuple[str, str], FunctionProto]

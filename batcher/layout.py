@@ -14,7 +14,7 @@ from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.padding import Padding, padded_chunks
 from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, NotFlat, Padded, Pieces,
                                     RowReduction, Rows, Runs, Shaped, Step, Template, Unpadded)
-from autobatch.batcher.rules import Refusal
+from autobatch.batcher.rule_tables import Refusal
 from autobatch.ir import ValueType, attribute_value
 from autobatch.ir.records import LEAF, Record
 from autobatch.ir.types import type_of_value

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from autobatch.batcher.functions import rule_for
-from autobatch.batcher.rules import Operand, Refusal, Shape
+from autobatch.batcher.rule_tables import Operand, Refusal, Shape
 from autobatch.batcher.signature import is_shared, sum_of_terms
 from autobatch.ir import Graph, Node, is_nondeterministic
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,17 +31,10 @@ import numpy as np
 
 from autobatch.batcher.instances import alike
 from autobatch.batcher.ragged import record_attribute
-from autobatch.batcher.rules import Refusal, refuse
+from autobatch.batcher.rule_tables import Refusal, install_in, refuse
 from autobatch.ir import ValueType
 
 CHUNK = 8  # instances a padded launch (as ``batcher.sequences`` chunks sequences)
-ELEMENTWISE = frozenset({
-    "Add", "Sub", "Mul", "Where", "Cast", "Equal", "Not", "And", "Or", "Neg", "Relu", "Tanh", "Sigmoid", "Erf",
-    "Abs", "Exp", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Identity",
-})
-DIVISORS = frozenset({"Div"})  # elementwise, by a shared divisor only (a padded one would divide by 0)
-SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
-RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})  # each member's elements keep their order
 
 
 @dataclass(frozen=True)
@@ -53,6 +46,111 @@ class Padding:
     fills: tuple[tuple[int, tuple[int, float]], ...]
 
 
+@dataclass(frozen=True)
+class Members:
+    """What a padding rule sees of one node's records over instances apart: ``data``, the
+    indices of the per-instance operands; ``shapes[m]``, member m's data shapes then its
+    outputs'; ``own``, the shared operands that differ between members (constants of each
+    instance's own)."""
+
+    records: list[Any]
+    data: list[int]
+    shapes: list[list[tuple[int, ...]]]
+    own: list[int]
+    opset: int
+    weights: Mapping[str, np.ndarray]
+
+    def axis(self, name: str, default: int) -> int:
+        """The first member's ``name`` attribute as an axis of its first operand, made positive."""
+        return record_attribute(self.records[0], name, default) % len(self.shapes[0][0])
+
+    def varies(self, k: int, axis: int) -> bool:
+        """Whether members pad axis ``axis`` of their k-th per-instance operand."""
+        return len({row[k][axis] for row in self.shapes}) > 1
+
+
+Fills = dict[int, tuple[int, float]]
+PadRule = Callable[[Members], "Fills | Refusal"]
+# op type -> (what padding takes of it, its rule): padded, each real position of the result is
+# computed from real positions alone. ``batcher.capabilities`` prints the first.
+PADDED: dict[str, tuple[str, PadRule]] = {}
+
+
+def padded(when: str, *op_types: str) -> Callable[[PadRule], PadRule]:
+    return install_in(PADDED, when, op_types)
+
+
+@padded("position by position, operands broadcast alike for every member; a constant of each "
+        "instance's own only where it is the corner of every longer one's",
+        "Add", "Sub", "Mul", "Where", "Cast", "Equal", "Not", "And", "Or", "Neg", "Relu", "Tanh", "Sigmoid", "Erf",
+        "Abs", "Exp", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Identity")
+def _elementwise(m: Members) -> Fills | Refusal:
+    if not _broadcasts_alike([[r.entries[i].shape for r in m.records] for i in m.data], m.records):
+        return refuse("operands that broadcast differently for different members")
+    for i in m.own:
+        constants = [np.asarray(m.weights[r.inputs[i]]) for r in m.records]
+        if not _broadcasts_alike([[c.shape for c in constants]], m.records) or not _corners(constants):
+            return refuse("a constant of one instance's own that is not a corner of a longer one's, or that "
+                          "broadcasts differently for different members")
+    return {}
+
+
+@padded("elementwise, by a shared divisor", "Div")
+def _divide(m: Members) -> Fills | Refusal:
+    if m.data != [0]:
+        return refuse("a divisor of each instance's own, whose padding would divide by 0")
+    return _elementwise(m)
+
+
+@padded("a product of matrices, operands broadcast alike (a padded axis adds zeros)", "MatMul")
+def _matmul(m: Members) -> Fills | Refusal:
+    first = m.records[0]
+    if any(len(first.entries[i].shape) < 2 for i in m.data) or not _broadcasts_alike(
+            [[r.entries[i].shape for r in m.records] for i in m.data], m.records, 2):
+        return refuse("a vector operand, or operands that broadcast differently for different members")
+    return {}
+
+
+@padded("any permutation", "Transpose")
+def _transpose(m: Members) -> Fills | Refusal:
+    return {}
+
+
+@padded("a reshape of one per-instance value that keeps the padded axes whole",
+        "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+def _reshape(m: Members) -> Fills | Refusal:
+    if m.data != [0] or not _keeps_padded_axes_whole([row[0] for row in m.shapes], [row[1] for row in m.shapes]):
+        return refuse("a per-instance shape, or a reshape that does not keep the padded axes whole")
+    return {}
+
+
+@padded("by a shared index, along an axis no member pads", "Gather")
+def _gather(m: Members) -> Fills | Refusal:
+    if m.data != [0] or m.varies(0, m.axis("axis", 0)):
+        return refuse("per-instance indices, or a gather along an axis that members pad")
+    return {}
+
+
+@padded("per-instance operands along an axis none pads, or one operand", "Concat")
+def _concat(m: Members) -> Fills | Refusal:
+    if len(m.data) != len(m.records[0].entries):
+        return refuse("a shared operand joined to per-instance ones")
+    axis = m.axis("axis", 0)
+    if len(m.data) > 1 and any(m.varies(k, axis) for k in range(len(m.data))):
+        return refuse("operands joined along an axis that members pad")
+    return {}
+
+
+@padded("from opset 13, over one axis: a padded one is filled with -inf", "Softmax", "LogSoftmax")
+def _softmax(m: Members) -> Fills | Refusal:
+    if m.opset < 13:
+        return refuse("no exact padding before opset 13 (it normalizes over every later axis)")
+    if m.data != [0]:
+        return refuse("a per-instance operand other than the scores")
+    axis = m.axis("axis", -1)
+    return {0: (axis, float("-inf"))} if m.varies(0, axis) else {}  # padded scores: exp(-inf - max) is 0
+
+
 def padding(records: list[Any], opset: int, weights: Mapping[str, np.ndarray]) -> Padding | Refusal:
     """How the records (one of each class of one node: per class, its members' types) batch
     padded, or a refusal saying why padding could change a real position's value (see the module).
@@ -60,6 +158,8 @@ def padding(records: list[Any], opset: int, weights: Mapping[str, np.ndarray]) -
     first = records[0]
     if first.domain:
         return refuse(f"an op of domain {first.domain}")
+    if first.op_type not in PADDED:
+        return refuse("no exact padding")
     if any(len(r.entries) != len(first.entries) or len(r.types) != len(first.types) for r in records):
         return refuse("members with different numbers of inputs or outputs")
     data = [i for i, entry in enumerate(first.entries) if isinstance(entry, ValueType)]
@@ -74,51 +174,15 @@ def padding(records: list[Any], opset: int, weights: Mapping[str, np.ndarray]) -
         return refuse("members whose values differ in element type")
     # Shared operands the same for every member (but a Reshape's target: the longest member's
     # is the padded shape), or, for an elementwise op, an instance's own constant (a mask folded
-    # for its length) that is a corner of every longer member's (``_corners``).
+    # for its length) that is a corner of every longer member's (``_elementwise``).
     own_target = {1} if first.op_type == "Reshape" else set()
     own = [i for i in range(len(first.entries)) if i not in data and i not in own_target
            and any(r.entries[i] != first.entries[i] for r in records)]
-    op = first.op_type
-    elementwise = op in ELEMENTWISE or op in DIVISORS and data == [0]
-    if own and not elementwise:
+    _, rule = PADDED[first.op_type]
+    if own and rule not in (_elementwise, _divide):
         return refuse("a shared operand that differs between members (a constant of one instance's own)")
-    fills: dict[int, tuple[int, float]] = {}
-    if elementwise:
-        if not _broadcasts_alike([[r.entries[i].shape for r in records] for i in data], records):
-            return refuse("operands that broadcast differently for different members")
-        for i in own:
-            constants = [np.asarray(weights[r.inputs[i]]) for r in records]
-            if not _broadcasts_alike([[c.shape for c in constants]], records) or not _corners(constants):
-                return refuse("a constant of one instance's own that is not a corner of a longer one's, or that "
-                              "broadcasts differently for different members")
-    elif op == "MatMul":
-        if any(len(first.entries[i].shape) < 2 for i in data) or not _broadcasts_alike(
-                [[r.entries[i].shape for r in records] for i in data], records, 2):
-            return refuse("a vector operand, or operands that broadcast differently for different members")
-    elif op == "Transpose":
-        pass
-    elif op in RESHAPES:
-        if data != [0] or not _keeps_padded_axes_whole([row[0] for row in shapes], [row[1] for row in shapes]):
-            return refuse("a per-instance shape, or a reshape that does not keep the padded axes whole")
-    elif op == "Gather":  # by a shared index, along an axis no member pads
-        axis = record_attribute(first, "axis", 0) % len(shapes[0][0])
-        if data != [0] or len({row[0][axis] for row in shapes}) > 1:
-            return refuse("per-instance indices, or a gather along an axis that members pad")
-    elif op == "Concat":  # one operand (an exporter's past keys and values, none), or along an axis none pads
-        axis = record_attribute(first, "axis", 0) % len(shapes[0][0])
-        if len(data) != len(first.entries):
-            return refuse("a shared operand joined to per-instance ones")
-        if len(data) > 1 and any(len({row[k][axis] for row in shapes}) > 1 for k in range(len(data))):
-            return refuse("operands joined along an axis that members pad")
-    elif op in SOFTMAX and opset >= 13:
-        if data != [0]:
-            return refuse("a per-instance operand other than the scores")
-        axis = record_attribute(first, "axis", -1) % len(shapes[0][0])
-        if len({row[0][axis] for row in shapes}) > 1:  # padded scores: exp(-inf - max) is 0
-            fills[0] = (axis, float("-inf"))
-    else:
-        return refuse("no exact padding" + (" before opset 13" if op in SOFTMAX else ""))
-    return Padding(tuple(sorted(fills.items())))
+    fills = rule(Members(records, data, shapes, own, opset, weights))
+    return fills if isinstance(fills, Refusal) else Padding(tuple(sorted(fills.items())))
 
 
 def _broadcasts_alike(operands: list[list[tuple[int, ...]]], records: list[Any], matrix: int = 0) -> bool:

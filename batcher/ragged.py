@@ -25,41 +25,109 @@ sequences (``batcher.sequences``), and tree folds level by level (``batcher.fold
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from autobatch.batcher.folds import fold_signature
-from autobatch.batcher.rules import Refusal, refuse
+from autobatch.batcher.rule_tables import Refusal, install_in, refuse
 from autobatch.batcher.sequences import sequence_signature
 from autobatch.ir import ValueType, attribute_value
 from autobatch.ir.types import MISSING
 
-ELEMENTWISE = frozenset({
-    "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
-    "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
-    "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Cast",
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "Less",
-    "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip",
-})
 SEGMENT_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean"})
 ROW_RESHAPES = frozenset({"Unsqueeze", "Squeeze", "Flatten", "Reshape", "Identity"})  # they keep the elements in order
-ROW_REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceLogSumExp"})
 ROW_LOSS = "SoftmaxCrossEntropyLoss"  # summed (or averaged) over rows: run per row, then a segment reduction
-# When each op is row-wise (``_row_wise``), as its refusal says otherwise.
-ROW_WISE_WHEN = {
-    **dict.fromkeys(ELEMENTWISE, "per-instance operands of one shape, kept by the result, and shared ones that do "
-                                 "not reach the rows' axis"),
-    "MatMul": "a per-instance [..., n, k] by a shared [k, m]",
-    "Gemm": "a per-instance A [n, k], not transposed, by a shared B and a shared C of a row at most",
-    "Concat": "per-instance operands along a later axis than the rows'",
-    "LayerNormalization": "over later axes than the rows', by a shared scale and bias",
-    "Gather": "a shared table on axis 0 by per-instance indices",
-    "Split": "a per-instance operand along a later axis than the rows', by shared sizes",
-    "Softmax": "over a later axis than the rows'", "LogSoftmax": "over a later axis than the rows'",
-    **dict.fromkeys(ROW_REDUCTIONS, "over later axes than the rows', by shared axes"),
-}
+
+
+class Rows(NamedTuple):
+    """What a row-wise check sees of a record: ``data``, its per-instance operands (input index,
+    type), their rows along ``axis``, of rank ``rank``; ``shared``, its shared operands' shapes."""
+
+    record: Any
+    data: list[tuple[int, ValueType]]
+    axis: int
+    rank: int
+    shared: list[tuple[int, ...]]
+    weights: Mapping[str, np.ndarray]
+
+    @property
+    def inputs(self) -> list[int]:
+        return [i for i, _ in self.data]
+
+    def later(self, attribute: str, default: int) -> bool:
+        """Whether the record's axis ``attribute`` is a later axis than the rows'."""
+        return record_attribute(self.record, attribute, default) % self.rank > self.axis
+
+
+# Whether an op treats the rows of its per-instance operands independently.
+RowWise = Callable[[Rows], bool]
+# op type -> (when it is row-wise, as its refusal says otherwise; the check). ``batcher.capabilities``
+# prints the first.
+ROW_WISE: dict[str, tuple[str, RowWise]] = {}
+
+
+def row_wise(when: str, *op_types: str) -> Callable[[RowWise], RowWise]:
+    return install_in(ROW_WISE, when, op_types)
+
+
+@row_wise("per-instance operands of one shape, kept by the result, and shared ones that do not reach the rows' axis",
+          "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
+          "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
+          "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Cast",
+          "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "Less",
+          "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip")
+def _elementwise(rows: Rows) -> bool:
+    record, data, axis, rank = rows.record, rows.data, rows.axis, rows.rank
+    out = record.types[0].shape if record.types and record.types[0] is not None else None
+    return (all(entry.shape == data[0][1].shape for _, entry in data) and out == data[0][1].shape
+            and all(len(shape) <= rank and (axis < rank - len(shape) or shape[axis - rank + len(shape)] == 1)
+                    for shape in rows.shared))
+
+
+@row_wise("a per-instance [..., n, k] by a shared [k, m]", "MatMul")
+def _matmul(rows: Rows) -> bool:
+    return rows.inputs == [0] and rows.axis <= rows.rank - 2 and [len(shape) for shape in rows.shared] == [2]
+
+
+@row_wise("a per-instance A [n, k], not transposed, by a shared B and a shared C of a row at most", "Gemm")
+def _gemm(rows: Rows) -> bool:
+    shared = rows.shared
+    return (rows.inputs == [0] and rows.rank == 2 and rows.axis == 0 and not record_attribute(rows.record, "transA", 0)
+            and len(shared[0]) == 2 and all(len(shape) < 2 or shape[0] == 1 for shape in shared[1:]))
+
+
+@row_wise("per-instance operands along a later axis than the rows'", "Concat")
+def _concat(rows: Rows) -> bool:
+    return len(rows.data) == len(rows.record.entries) and rows.later("axis", 0)
+
+
+@row_wise("over later axes than the rows', by a shared scale and bias", "LayerNormalization")
+def _layer_normalization(rows: Rows) -> bool:
+    return rows.inputs == [0] and rows.later("axis", -1)
+
+
+@row_wise("a shared table on axis 0 by per-instance indices", "Gather")
+def _gather(rows: Rows) -> bool:
+    return rows.inputs == [1] and record_attribute(rows.record, "axis", 0) == 0  # embeddings
+
+
+@row_wise("a per-instance operand along a later axis than the rows', by shared sizes", "Split")
+def _split(rows: Rows) -> bool:
+    return rows.inputs == [0] and rows.later("axis", 0)
+
+
+@row_wise("over a later axis than the rows'", "Softmax", "LogSoftmax")
+def _softmax(rows: Rows) -> bool:
+    return len(rows.data) == 1 and rows.rank >= 2 and rows.later("axis", -1)
+
+
+@row_wise("over later axes than the rows', by shared axes",
+          "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceLogSumExp")
+def _reduction(rows: Rows) -> bool:
+    axes = _reduced_axes(rows.record, rows.weights) if rows.inputs == [0] else None
+    return bool(axes) and all(a % rows.rank > rows.axis for a in axes)
 
 
 def rows_of(shape: Sequence[int], axis: int | None = None) -> tuple[int, int, tuple[int, ...]] | None:
@@ -114,7 +182,7 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
     if any(out is not None and out[0] != axis for out in outs):
         return refuse("an output whose rows run along another axis than its operands'")
     if not _row_wise(record, data, axis, weights):
-        when = ROW_WISE_WHEN.get(record.op_type)
+        when, _ = ROW_WISE.get(record.op_type, (None, None))
         return refuse(f"row-wise only as {when}" if when else "not a row-wise op")
     entries = tuple(("rows", e.elem_type, axis, run[2]) if isinstance(e, ValueType) else e
                     for e, run in zip(record.entries, _aligned(record.entries, runs)))
@@ -184,35 +252,10 @@ def _row_reshape(record: Any, data: list[tuple[int, ValueType]], row: tuple[int,
 
 def _row_wise(record: Any, data: list[tuple[int, ValueType]], axis: int, weights: Mapping[str, np.ndarray]) -> bool:
     """Whether the op treats the rows of its per-instance operands (along ``axis``, the leading
-    axes before it of size 1) independently."""
-    op, entries, rank = record.op_type, record.entries, len(data[0][1].shape)
-    shared = [np.shape(weights[e]) for e in entries if isinstance(e, str) and e]
-    if op in ELEMENTWISE:  # every per-instance operand of one shape, which the result keeps
-        out = record.types[0].shape if record.types and record.types[0] is not None else None
-        return (all(entry.shape == data[0][1].shape for _, entry in data) and out == data[0][1].shape
-                and all(len(shape) <= rank and (axis < rank - len(shape) or shape[axis - rank + len(shape)] == 1)
-                        for shape in shared))
-    if op == "MatMul":  # [..., n, k] by a shared [k, m]
-        return [i for i, _ in data] == [0] and axis <= rank - 2 and [len(shape) for shape in shared] == [2]
-    if op == "Gemm":  # A [n, k] by a shared B, plus a shared C that is a row at most
-        return ([i for i, _ in data] == [0] and rank == 2 and axis == 0 and not record_attribute(record, "transA", 0)
-                and len(shared[0]) == 2 and all(len(shape) < 2 or shape[0] == 1 for shape in shared[1:]))
-    if op == "Concat":  # per-instance operands along a later axis
-        return len(data) == len(entries) and record_attribute(record, "axis", 0) % rank > axis
-    if op == "LayerNormalization":  # over later axes, by a shared scale and bias
-        return [i for i, _ in data] == [0] and record_attribute(record, "axis", -1) % rank > axis
-    if op == "Gather":  # rows of a shared table by per-instance indices (embeddings)
-        return [i for i, _ in data] == [1] and record_attribute(record, "axis", 0) == 0
-    if op == "Split":  # along a later axis, by shared sizes
-        return [i for i, _ in data] == [0] and record_attribute(record, "axis", 0) % rank > axis
-    if op in ("Softmax", "LogSoftmax"):
-        return len(data) == 1 and rank >= 2 and record_attribute(record, "axis", -1) % rank > axis
-    if op in ROW_REDUCTIONS:  # over later axes only
-        if [i for i, _ in data] != [0]:
-            return False
-        axes = _reduced_axes(record, weights)
-        return bool(axes) and all(a % rank > axis for a in axes)
-    return False
+    axes before it of size 1) independently (``ROW_WISE``)."""
+    _, check = ROW_WISE.get(record.op_type, (None, None))
+    shared = [np.shape(weights[e]) for e in record.entries if isinstance(e, str) and e]
+    return check is not None and check(Rows(record, data, axis, len(data[0][1].shape), shared, weights))
 
 
 def _reduced_axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] | None:

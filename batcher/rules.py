@@ -12,55 +12,11 @@ batchability at planning time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
+from autobatch.batcher.rule_tables import Emitter, Operand, Refusal, Shape, refuse
 from autobatch.ir import Node
-
-Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Operand:
-    """One input of a batched op: ``stacked`` values carry a leading batch axis in front of
-    the per-instance ``shape``; shared ones are read as they are (``const`` holds the data of
-    a shared constant, for axes and shapes)."""
-
-    name: str
-    stacked: bool
-    shape: Shape
-    const: np.ndarray | None = None
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-
-class Emitter(Protocol):
-    batch_size: int  # N, the number of instances in the group
-
-    def const(self, array: np.ndarray) -> str: ...
-
-    def op(self, op_type: str, inputs: Sequence[str], attributes: dict[str, Any] | None = None,
-           n_outputs: int = 1) -> list[str]: ...
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a rule does not batch a class (its nodes then run one member at a time): a rule
-    returns one, before emitting anything, in the style of onnxscript's ``MatchResult.fail``."""
-
-    reason: str
-
-    def __bool__(self) -> bool:  # a refusal is no result
-        return False
-
-
-def refuse(reason: str) -> Refusal:
-    return Refusal(reason)
-
 
 Rule = Callable[[Emitter, Node, list[Operand | None], list[Shape]], "list[str] | Refusal"]
 RULES: dict[str, Rule] = {}

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.batcher.rules import Refusal, refuse
+from autobatch.batcher.rule_tables import Refusal, refuse
 from autobatch.ir import ValueType, attribute_value
 
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})

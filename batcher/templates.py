@@ -12,7 +12,7 @@ import numpy as np
 from autobatch.batcher.functions import Functions, rule_for
 from autobatch.batcher.plan import ARENA_DTYPES, Template
 from autobatch.batcher.node_rules import EMPTY, GraphEmitter
-from autobatch.batcher.rules import Operand, Refusal
+from autobatch.batcher.rule_tables import Operand, Refusal
 from autobatch.ir import Graph, Node, ValueType
 
 

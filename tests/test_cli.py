@@ -84,6 +84,7 @@ def test_inspect_prints_ops_io_groups_and_plan(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     assert "input  x0: FLOAT[1,8]" in result.stdout and "output hn1: FLOAT[1,16]" in result.stdout
     assert "MatMul x4" in result.stdout and "signature classes" in result.stdout
+    assert "ways to batch them: Add stacked, ragged, padded; MatMul stacked, ragged, padded;" in result.stdout
     assert "plan for 3 instances" in result.stdout and "lower bound" in result.stdout
     launches = next(line for line in result.stdout.splitlines() if "launches by op:" in line)
     assert "MatMul 2," in launches and "Sigmoid 1" in launches  # the plan run_batch runs: each class once
