@@ -3,6 +3,7 @@ batcher and run on a backend, and ``run_programs``, lockstep programs run in one
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -14,13 +15,14 @@ from onnx.helper import np_dtype_to_tensor_dtype
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.graph_tidy import drop_unread
 from autobatch.backends.lowering import lower_plan
+from autobatch.backends.whole_plan import WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tensors import Tensor, TraceError
 from autobatch.frontends.tracing import OPSET, Tracer
-from autobatch.executors import flat_executor
+from autobatch.executors import flat_executor, shared_ort_settings
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.
@@ -38,18 +40,26 @@ class Batch(Tracer):
     """
 
     def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
-                 providers: Sequence[str] | None = None, reuse_calls: bool = True) -> None:
+                 providers: Sequence[str] | None = None, reuse_calls: bool = True,
+                 whole_plan: bool = False) -> None:
         """``backend``: "numpy" or "onnxruntime"; ``scheduler``: "depth", "agenda" or "level".
         ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
         thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
         NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
-        when it loads, else the CPU; on CUDA each step's values go to the device and back).
-        ``reuse_calls``: see ``Tracer``."""
+        when it loads, else the CPU). ``whole_plan`` (onnxruntime): run each plan lowered to one
+        session (``backends.whole_plan``), its feeds and outputs bound so that its values stay
+        on the device between steps, rather than step by step, each step's values going to the
+        device and back. A traced plan is new in every minibatch, so its session is made every
+        time: on the CPU that costs 35-125 ms against 2-25 ms step by step (benchmarks/README.md);
+        on CUDA ``benchmarks/gpu_check.sh`` measures both. A plan that cannot
+        (``whole_plan_refusal``) runs step by step. ``reuse_calls``: see ``Tracer``."""
         get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         super().__init__(reuse_calls)
         self.backend = backend
         self.scheduler = scheduler
         self._executor = flat_executor(backend, threads, providers, snapshots=TRACED_SNAPSHOTS)
+        self._ort_settings = shared_ort_settings(threads, providers) if backend == "onnxruntime" else None
+        self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
 
@@ -68,26 +78,40 @@ class Batch(Tracer):
         initializers, one output a tensor, named by it. Nothing runs, and the batch stays pending."""
         if any(t.value is not None for t in tensors):
             raise TraceError("plan_model takes pending tensors; one of these already has its value")
-        plan = self.plan(tensors)
-        literals = self._literals
-        outputs = [(helper.make_tensor_value_info(t.name, np_dtype_to_tensor_dtype(t.dtype), list(t.shape)),
-                    plan.locations[t.name]) for t in tensors]
-        inputs = [helper.make_tensor_value_info(name, np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
-                  for name, a in literals.items()]
-        model = lower_plan(plan, inputs, {name: name for name in literals}, outputs, self._weights, self._opsets(),
-                           "batch/plan")
+        model = self._lowered(self.plan(tensors), tensors)
         del model.graph.input[:]  # the literals are this batch's data: the model holds those it reads
-        model.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in literals.items())
+        model.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in self._literals.items())
         drop_unread(model.graph)
         return model
 
+    def _lowered(self, plan: FlatPlan, tensors: Sequence[Tensor]) -> onnx.ModelProto:
+        """``plan`` lowered to one ONNX model: its inputs the literals, one output a tensor (a
+        name once: a call traced again gives new tensors of its outputs' names)."""
+        tensors = list({t.name: t for t in tensors}.values())
+        outputs = [(helper.make_tensor_value_info(t.name, np_dtype_to_tensor_dtype(t.dtype), list(t.shape)),
+                    plan.locations[t.name]) for t in tensors]
+        inputs = [helper.make_tensor_value_info(name, np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+                  for name, a in self._literals.items()]
+        return lower_plan(plan, inputs, {name: name for name in self._literals}, outputs, self._weights,
+                          self._opsets(), "batch/plan")
+
     def _execute(self, wanted: list[Tensor]) -> list[np.ndarray]:
-        names = [t.name for t in wanted]
         plan = self.plan(wanted)
-        values = self._executor.run(plan, self._weights, self._literals, plan.report.execution)
+        if self.whole_plan and whole_plan_refusal(plan) is None:
+            start = time.perf_counter()
+            model = self._lowered(plan, wanted)
+            whole = WholePlan(model, self._ort_settings, bind=True)  # type: ignore[arg-type]
+            plan.report.execution["whole plan session"] = time.perf_counter() - start
+            start = time.perf_counter()
+            by_name = dict(zip((output.name for output in model.graph.output), whole.run(self._literals)))
+            plan.report.execution["whole plan run"] = time.perf_counter() - start
+            values = [by_name[t.name] for t in wanted]
+        else:
+            arenas = self._executor.run(plan, self._weights, self._literals, plan.report.execution)
+            values = [arenas[plan.locations[t.name]] for t in wanted]
         self.reports.append(plan.report)
         self.last_plan = plan
-        return [values[plan.locations[name]] for name in names]
+        return values
 
 
 def run_programs(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], backend: str = "numpy",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import onnx
 
 from autobatch.backends.flat_executor import runs_on_onnxruntime
@@ -39,12 +40,30 @@ def whole_plan_refusal(plan: FlatPlan) -> str | None:
 
 
 class WholePlan:
-    """One session of a lowered plan; ``run(feeds)`` gives its outputs in order."""
+    """One session of a lowered plan; ``run(feeds)`` gives its outputs in order. On a device
+    (CUDA), or where ``bind`` asks, a run binds its feeds and outputs (onnxruntime's IOBinding):
+    the feeds go to the device once, every value between steps stays there, and the outputs
+    come back once."""
 
-    def __init__(self, model: onnx.ModelProto, settings: OrtSettings) -> None:
+    def __init__(self, model: onnx.ModelProto, settings: OrtSettings, bind: bool | None = None) -> None:
         self.session = new_session(model, settings.options, settings.providers)
         self.inputs = [value.name for value in self.session.get_inputs()]
         self.outputs = [value.name for value in self.session.get_outputs()]
+        self.device = "cuda" if settings.on_cuda else "cpu"
+        self.bind = settings.on_cuda if bind is None else bind
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
-        return run_session(self.session.run, self.outputs, {name: feeds[name] for name in self.inputs})
+        return run_session(self._bound if self.bind else self.session.run, self.outputs,
+                           {name: feeds[name] for name in self.inputs})
+
+    def _bound(self, outputs: list[str], feeds: Mapping[str, Any], options: Any = None) -> list[Any]:
+        binding = self.session.io_binding()
+        # The binding holds the arrays' memory, not the arrays: they are kept here until the run
+        # ends. (Not ``np.ascontiguousarray``: it makes a scalar a vector.)
+        arrays = {name: np.asarray(value, order="C") for name, value in feeds.items()}
+        for name, array in arrays.items():
+            binding.bind_cpu_input(name, array)
+        for name in outputs:
+            binding.bind_output(name, self.device)
+        self.session.run_with_iobinding(binding, options)
+        return binding.copy_outputs_to_cpu()

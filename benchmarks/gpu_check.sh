@@ -4,7 +4,8 @@
 #     bash benchmarks/gpu_check.sh
 # It installs the `cuda` extra (onnxruntime-gpu with the CUDA and cuDNN libraries from PyPI) into
 # .venv-gpu, checks that CUDA loads, then runs the backend benchmark, the paper benchmark (ours:
-# Tree-LSTM and BiLSTM tagger) and the exported-model benchmark with --providers cuda. The
+# Tree-LSTM and BiLSTM tagger; step by step, then each plan as one session) and the exported-model
+# benchmark with --providers cuda. The
 # exports are read from .exports/ (width 256); a machine without PyTorch (no network) takes a
 # folder written beforehand where PyTorch is:  python -m benchmarks.export_files .exports
 set -euo pipefail
@@ -20,4 +21,8 @@ PY
 .venv-gpu/bin/python -m benchmarks.backends_throughput --providers cuda --minibatch 64 --repeats 3
 .venv-gpu/bin/python -m benchmarks --providers cuda --tasks treelstm,bilstm --no-dynet --no-torch \
     --repeats 1 --one-at-a-time 4
+# The same with each minibatch's plan as one session, its values kept on the device (IOBinding):
+# which of the two is faster on a GPU decides Batch's default there.
+.venv-gpu/bin/python -m benchmarks --providers cuda --tasks treelstm,bilstm --no-dynet --no-torch \
+    --repeats 1 --one-at-a-time 4 --whole-plan
 .venv-gpu/bin/python -m benchmarks.exported_models --providers cuda --exports .exports --repeats 3

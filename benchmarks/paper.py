@@ -39,6 +39,7 @@ from benchmarks.tasks import TASKS, Task, build
 
 THREADS = 2
 PROVIDERS: list[str] | None = None  # onnxruntime's for our runs: main sets them by --providers
+WHOLE_PLAN = False  # our onnxruntime runs: each plan as one session (``Batch(whole_plan=...)``), by --whole-plan
 SCHEDULERS = ("depth", "agenda", "level")
 BACKENDS = ("numpy", "onnxruntime")
 FORMS = ("primitive", "cells", "sequences", "fold")  # a task's forms are those its example has
@@ -89,7 +90,7 @@ def run_ours(task: Task, instances: Sequence[Any], form: str, backend: str, sche
     """One minibatch in one Batch (parser: run_programs over one Batch), timed in parts."""
     fn = task.functions()[form]
     params = task.params
-    batch = Batch(backend=backend, scheduler=scheduler, threads=THREADS, providers=PROVIDERS)
+    batch = Batch(backend=backend, scheduler=scheduler, threads=THREADS, providers=PROVIDERS, whole_plan=WHOLE_PLAN)
     run_s = 0.0
     start = time.perf_counter()
     if task.is_parser:
@@ -546,10 +547,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile our fastest variant of each task")
     parser.add_argument("--no-dynet", action="store_true")
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--whole-plan", action="store_true",
+                        help="ours on onnxruntime: each minibatch's plan as one session, values kept on the device")
     arguments.add_providers(parser)
     args = parser.parse_args(argv)
-    global PROVIDERS
+    global PROVIDERS, WHOLE_PLAN
     PROVIDERS = arguments.providers(args.providers)
+    WHOLE_PLAN = args.whole_plan
     if args.quick:
         args.minibatch, args.size, args.repeats, args.one_at_a_time = 3, 32, 0, 3
         args.plot = args.plot and None

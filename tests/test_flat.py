@@ -129,6 +129,40 @@ def test_a_traced_batchs_plan_as_one_onnx_model_computes_what_the_batch_does(for
         batch.plan_model([done])
 
 
+@pytest.mark.parametrize("task,form", [("tree_lstm", "primitive"), ("tree_lstm", "cells"), ("tree_lstm", "fold"),
+                                       ("bilstm_tagger", "sequences")])
+def test_a_traced_batch_on_a_device_runs_its_plan_as_one_session_with_bound_values(task, form):
+    """Asked for (``whole_plan``), a traced batch runs its plan lowered to one onnxruntime
+    session, its feeds and outputs bound (IOBinding) so that on CUDA every value between steps
+    stays on the device; here on the CPU provider. Each instance's result equals the batch run
+    step by step and the instance traced alone."""
+    module, instances, params = model(task)
+    loss = module.LOSSES[form]
+    assert not Batch(backend="onnxruntime").whole_plan and not Batch(whole_plan=True).whole_plan  # NumPy: steps
+    with Batch(backend="onnxruntime", whole_plan=True) as whole:
+        got = whole.run([loss(x, params) for x in instances])
+    execution = whole.reports[-1].execution
+    assert set(execution) == {"whole plan session", "whole plan run"}, execution
+    with Batch(backend="onnxruntime") as stepwise:
+        want = stepwise.run([loss(x, params) for x in instances])
+    assert "whole plan run" not in stepwise.reports[-1].execution
+    assert_all_same(got, want, "one session vs step by step")
+    assert_all_same(got, example_alone(task, "cells" if form == "fold" else form))
+
+
+def test_a_traced_batch_reading_a_call_traced_twice_runs_as_one_session():
+    """A call traced again gives new tensors of its outputs' names: the lowered model names each
+    output once, and both tensors get the value."""
+    W = Parameter(np.eye(3, dtype=np.float32) * 2)
+    with Batch(backend="onnxruntime", whole_plan=True) as batch:
+        x = batch.constant(np.arange(3, dtype=np.float32))
+        first, again = ops.matmul(x, W), ops.matmul(x, W)
+        assert first.name == again.name and first is not again
+        got = batch.run([first, again])
+    assert batch.reused_calls == 1 and "whole plan run" in batch.reports[-1].execution
+    assert_all_same(got, [np.arange(3, dtype=np.float32) * 2] * 2)
+
+
 # ----------------------------------------------------------------------------- 2. random programs
 D = 4  # width of every per-instance value
 K = 3  # a small shared part (baked into templates)
