@@ -40,5 +40,5 @@ def print_capabilities(op_types: Sequence[str], out: Print) -> None:
 
 def model_ways(op_types: Sequence[str]) -> str:
     """One line for ``autobatch inspect``: each op type of a model with its ways."""
-    return "; ".join(f"{row.op_type} {ways_text(row)}" for row in capability_table(sorted(set(op_types))))
+    return "; ".join(f"{row.op_type} {ways_text(row)}" for row in capability_table(sorted(set(op_types)))) or "no ops"
 
