@@ -3,6 +3,7 @@ batcher and run on a backend, and ``run_programs``, lockstep programs run in one
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from onnx.helper import np_dtype_to_tensor_dtype
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.graph_tidy import drop_unread
 from autobatch.backends.lowering import lower_plan
+from autobatch.backends.ort_runtime import UnsupportedByOnnxruntime
 from autobatch.backends.whole_plan import WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
@@ -23,6 +25,8 @@ from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tensors import Tensor, TraceError
 from autobatch.frontends.tracing import OPSET, Tracer
 from autobatch.executors import flat_executor, shared_ort_settings
+
+log = logging.getLogger("autobatch")
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.
@@ -47,12 +51,13 @@ class Batch(Tracer):
         thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
         NumPy does everywhere. ``providers``: onnxruntime's execution providers (default: CUDA
         when it loads, else the CPU). ``whole_plan`` (onnxruntime): run each plan lowered to one
-        session (``backends.whole_plan``), its feeds and outputs bound so that its values stay
-        on the device between steps, rather than step by step, each step's values going to the
-        device and back. A traced plan is new in every minibatch, so its session is made every
-        time: on the CPU that costs 35-125 ms against 2-25 ms step by step (benchmarks/README.md);
-        on CUDA ``benchmarks/gpu_check.sh`` measures both. A plan that cannot
-        (``whole_plan_refusal``) runs step by step. ``reuse_calls``: see ``Tracer``."""
+        session (``backends.whole_plan``: its values stay on the device between steps; its
+        feeds and outputs bound, to the device once and back once), rather than step by step,
+        each step's values going to the device and back. A traced plan is new in every
+        minibatch, so its session is made every time: on the CPU that made a minibatch 5-240
+        times slower than its steps (benchmarks/README.md); on CUDA ``benchmarks/gpu_check.sh``
+        measures both. A plan that cannot (``whole_plan_refusal``, or onnxruntime refuses its
+        session) runs step by step. ``reuse_calls``: see ``Tracer``."""
         get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         super().__init__(reuse_calls)
         self.backend = backend
@@ -97,13 +102,10 @@ class Batch(Tracer):
 
     def _execute(self, wanted: list[Tensor]) -> list[np.ndarray]:
         plan = self.plan(wanted)
-        if self.whole_plan and whole_plan_refusal(plan) is None:
+        whole = self._whole_plan(plan, wanted) if self.whole_plan else None
+        if whole is not None:
             start = time.perf_counter()
-            model = self._lowered(plan, wanted)
-            whole = WholePlan(model, self._ort_settings, bind=True)  # type: ignore[arg-type]
-            plan.report.execution["whole plan session"] = time.perf_counter() - start
-            start = time.perf_counter()
-            by_name = dict(zip((output.name for output in model.graph.output), whole.run(self._literals)))
+            by_name = dict(zip(whole.outputs, whole.run(self._literals)))
             plan.report.execution["whole plan run"] = time.perf_counter() - start
             values = [by_name[t.name] for t in wanted]
         else:
@@ -112,6 +114,22 @@ class Batch(Tracer):
         self.reports.append(plan.report)
         self.last_plan = plan
         return values
+
+    def _whole_plan(self, plan: FlatPlan, wanted: list[Tensor]) -> WholePlan | None:
+        """The plan lowered to one session, timed in its report; None (the plan then runs step
+        by step, as ``InferenceSession`` does) where it cannot run so, the reason logged."""
+        why = whole_plan_refusal(plan)
+        if why is None:
+            start = time.perf_counter()
+            try:
+                whole = WholePlan(self._lowered(plan, wanted), self._ort_settings, bind=True)  # type: ignore[arg-type]
+            except UnsupportedByOnnxruntime as error:
+                why = str(error)
+            else:
+                plan.report.execution["whole plan session"] = time.perf_counter() - start
+                return whole
+        log.info("a traced batch's plan runs step by step: %s", why)
+        return None
 
 
 def run_programs(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], backend: str = "numpy",

@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(parser, args)
     except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as Python's docs advise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 1
     except (OSError, ValueError, RuntimeError, MemoryError) as error:  # our errors name what is wrong: one line
         message = str(error).splitlines()[0] if str(error) else type(error).__name__

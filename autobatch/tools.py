@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 
 from autobatch.arrays import array_from_json
-from autobatch.capability_text import model_ways
 from autobatch.backends import FeedError
 from autobatch.backends.ort_runtime import CPU, UnsupportedByOnnxruntime, new_session, session_options
 from autobatch.backends.lowering import lower_plan
@@ -26,6 +25,7 @@ from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE
 from autobatch.batcher.node_rules import refusal
 from autobatch.batcher.signature import describe, node_signature
+from autobatch.capability_text import model_ways
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
 from autobatch.ir.gc_pause import without_gc

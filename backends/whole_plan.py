@@ -40,29 +40,32 @@ def whole_plan_refusal(plan: FlatPlan) -> str | None:
 
 
 class WholePlan:
-    """One session of a lowered plan; ``run(feeds)`` gives its outputs in order. On a device
-    (CUDA), or where ``bind`` asks, a run binds its feeds and outputs (onnxruntime's IOBinding):
-    the feeds go to the device once, every value between steps stays there, and the outputs
-    come back once."""
+    """One session of a lowered plan; ``run(feeds)`` gives its outputs in order. Every value
+    between its steps stays where the session runs (on CUDA, on the device). With ``bind``, a
+    run whose feeds are all numeric arrays binds them and its outputs (onnxruntime's IOBinding:
+    the feeds go to the session's device once and the outputs come back once); other feeds
+    (strings, sequences) go through ``session.run``, which IOBinding does not take."""
 
-    def __init__(self, model: onnx.ModelProto, settings: OrtSettings, bind: bool | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto, settings: OrtSettings, bind: bool = False) -> None:
         self.session = new_session(model, settings.options, settings.providers)
         self.inputs = [value.name for value in self.session.get_inputs()]
         self.outputs = [value.name for value in self.session.get_outputs()]
         self.device = "cuda" if settings.on_cuda else "cpu"
-        self.bind = settings.on_cuda if bind is None else bind
+        self.bind = bind
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
-        return run_session(self._bound if self.bind else self.session.run, self.outputs,
-                           {name: feeds[name] for name in self.inputs})
+        mine = {name: feeds[name] for name in self.inputs}
+        return run_session(self._bound if self.binds(mine) else self.session.run, self.outputs, mine)
 
-    def _bound(self, outputs: list[str], feeds: Mapping[str, Any], options: Any = None) -> list[Any]:
+    def binds(self, feeds: Mapping[str, Any]) -> bool:
+        """Whether a run of these feeds binds them (``bind``, and every feed a numeric array)."""
+        return self.bind and all(isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
+                                 for value in feeds.values())
+
+    def _bound(self, outputs: list[str], feeds: Mapping[str, np.ndarray], options: Any = None) -> list[np.ndarray]:
         binding = self.session.io_binding()
-        # The binding holds the arrays' memory, not the arrays: they are kept here until the run
-        # ends. (Not ``np.ascontiguousarray``: it makes a scalar a vector.)
-        arrays = {name: np.asarray(value, order="C") for name, value in feeds.items()}
-        for name, array in arrays.items():
-            binding.bind_cpu_input(name, array)
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.asarray(value, order="C"))  # (np.ascontiguousarray makes a scalar a vector)
         for name in outputs:
             binding.bind_output(name, self.device)
         self.session.run_with_iobinding(binding, options)

@@ -1,7 +1,8 @@
 """What the batcher can do with each op type: one row an op, read off the rule tables that do
-the work, so it cannot drift from them (JAX's ``batching.py`` keeps one table of rules filled by
-installers; ours are ``rules.RULES``, ``ragged.ROW_WISE``, ``padding.PADDED`` and the fixed
-families below).
+the work (JAX's ``batching.py`` keeps one table of rules filled by installers; ours are
+``rules.RULES``, ``ragged.ROW_WISE`` and ``padding.PADDED``, whose texts say when a way applies)
+and the fixed families of the other ways (their texts written here). "Stacked" says only that
+the op has a rule: a rule may still refuse a case, and says why.
 
 The ways, from the cheapest:
 
@@ -68,7 +69,7 @@ def capabilities(op_type: str) -> Capabilities:
         reduction=reduction,
         packed="layout 0, shared weights, no sequence_lens; initial states shared zeros or each instance's own"
         if op_type in RECURRENT else None,
-        padded=padded[0] if padded else None)
+        padded=padded.when if padded else None)
 
 
 def known_op_types() -> list[str]:

@@ -25,13 +25,13 @@ import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from autobatch.batcher.instances import alike
 from autobatch.batcher.ragged import record_attribute
-from autobatch.batcher.rule_tables import Refusal, install_in, refuse
+from autobatch.batcher.rule_tables import Refusal, refuse
 from autobatch.ir import ValueType
 
 CHUNK = 8  # instances a padded launch (as ``batcher.sequences`` chunks sequences)
@@ -61,7 +61,7 @@ class Members:
     weights: Mapping[str, np.ndarray]
 
     def axis(self, name: str, default: int) -> int:
-        """The first member's ``name`` attribute as an axis of its first operand, made positive."""
+        """The first member's ``name`` attribute as an axis of its first per-instance operand, made positive."""
         return record_attribute(self.records[0], name, default) % len(self.shapes[0][0])
 
     def varies(self, k: int, axis: int) -> bool:
@@ -70,20 +70,37 @@ class Members:
 
 
 Fills = dict[int, tuple[int, float]]
-PadRule = Callable[[Members], "Fills | Refusal"]
-# op type -> (what padding takes of it, its rule): padded, each real position of the result is
-# computed from real positions alone. ``batcher.capabilities`` prints the first.
-PADDED: dict[str, tuple[str, PadRule]] = {}
+Rule = Callable[[Members], "Fills | Refusal"]
 
 
-def padded(when: str, *op_types: str) -> Callable[[PadRule], PadRule]:
-    return install_in(PADDED, when, op_types)
+class PadRule(NamedTuple):
+    """A row of ``PADDED``: when padding takes the op (``batcher.capabilities`` prints it), its
+    rule, and whether the op may read a constant of each instance's own (the rule then checks
+    it: ``Members.own``)."""
+
+    when: str
+    rule: Rule
+    own_constants: bool
+
+
+# op type -> its rule: padded, each real position of the result is computed from real positions alone.
+PADDED: dict[str, PadRule] = {}
+
+
+def padded(when: str, *op_types: str, own_constants: bool = False) -> Callable[[Rule], Rule]:
+    def install(rule: Rule) -> Rule:
+        for op_type in op_types:
+            PADDED[op_type] = PadRule(when, rule, own_constants)
+        return rule
+
+    return install
 
 
 @padded("position by position, operands broadcast alike for every member; a constant of each "
         "instance's own only where it is the corner of every longer one's",
         "Add", "Sub", "Mul", "Where", "Cast", "Equal", "Not", "And", "Or", "Neg", "Relu", "Tanh", "Sigmoid", "Erf",
-        "Abs", "Exp", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Identity")
+        "Abs", "Exp", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "IsNaN", "IsInf", "Identity",
+        own_constants=True)
 def _elementwise(m: Members) -> Fills | Refusal:
     if not _broadcasts_alike([[r.entries[i].shape for r in m.records] for i in m.data], m.records):
         return refuse("operands that broadcast differently for different members")
@@ -95,9 +112,10 @@ def _elementwise(m: Members) -> Fills | Refusal:
     return {}
 
 
-@padded("elementwise, by a shared divisor", "Div")
+@padded("elementwise, by a shared divisor", "Div", own_constants=True)
 def _divide(m: Members) -> Fills | Refusal:
     if m.data != [0]:
+        # (its padded positions, zeros, would make infinities where nothing reads them: refused all the same)
         return refuse("a divisor of each instance's own, whose padding would divide by 0")
     return _elementwise(m)
 
@@ -178,10 +196,10 @@ def padding(records: list[Any], opset: int, weights: Mapping[str, np.ndarray]) -
     own_target = {1} if first.op_type == "Reshape" else set()
     own = [i for i in range(len(first.entries)) if i not in data and i not in own_target
            and any(r.entries[i] != first.entries[i] for r in records)]
-    _, rule = PADDED[first.op_type]
-    if own and rule not in (_elementwise, _divide):
+    row = PADDED[first.op_type]
+    if own and not row.own_constants:
         return refuse("a shared operand that differs between members (a constant of one instance's own)")
-    fills = rule(Members(records, data, shapes, own, opset, weights))
+    fills = row.rule(Members(records, data, shapes, own, opset, weights))
     return fills if isinstance(fills, Refusal) else Padding(tuple(sorted(fills.items())))
 
 

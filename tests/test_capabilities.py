@@ -10,6 +10,7 @@ import pytest
 
 from autobatch import InferenceSession
 from autobatch.batcher.capabilities import WAYS, capabilities, capability_table, known_op_types
+from autobatch.batcher.padding import CHUNK
 from tests.oracle import assert_batched_equals_alone
 from tests.test_cli import autobatch_cli
 
@@ -53,6 +54,80 @@ def test_each_op_the_table_calls_ragged_runs_one_launch_across_lengths(op_type, 
 
 def test_the_ragged_unary_ops_tested_are_many():
     assert len(RAGGED_UNARY) >= 25 and {"Tanh", "Relu", "Exp", "Sqrt"} <= set(RAGGED_UNARY)
+
+
+# op -> (body over x [1, L, 4], its output, weights): the ops of more than one operand that the
+# table calls ragged, each in the case its "when" names
+RAGGED_CASES = {
+    "MatMul": ("y = MatMul(x, W)", "float[1, L, 3] y", "float[4, 3] W = {1.0, -2.0, 0.5, 0.25, 1.0, -1.0, 0.0, 0.5, 2.0, -1.0, 0.75, 1.5}"),
+    "Gemm": ("r = Reshape(x, s)\n y = Gemm(r, W, c)", "float[L, 3] y",
+             "float[4, 3] W = {1.0, -2.0, 0.5, 0.25, 1.0, -1.0, 0.0, 0.5, 2.0, -1.0, 0.75, 1.5}, float[3] c = {0.1, 0.2, 0.3}, "
+             "int64[2] s = {-1, 4}"),
+    "Gather": ("i = Cast<to = 7>(x)\n y = Gather(T, i)", "float[1, L, 4, 2] y",
+               "float[3, 2] T = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0}"),
+    "LayerNormalization": ("y = LayerNormalization<axis = -1>(x, g, b)", "float[1, L, 4] y",
+                           "float[4] g = {1.0, 2.0, 0.5, 1.0}, float[4] b = {0.0, 0.1, 0.2, 0.3}"),
+    "Concat": ("y = Concat<axis = -1>(x, x)", "float[1, L, 8] y", ""),
+    "Split": ("a, y = Split<axis = -1, num_outputs = 2>(x)", "float[1, L, 2] y", ""),
+    "ReduceSum": ("y = ReduceSum<keepdims = 1>(x, k)", "float[1, L, 1] y", "int64[1] k = {-1}"),
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("op_type", sorted(RAGGED_CASES))
+def test_each_op_of_several_operands_the_table_calls_ragged_runs_one_launch_across_lengths(op_type, backend):
+    assert capabilities(op_type).ragged is not None
+    body, output, weights = RAGGED_CASES[op_type]
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : {OPSET}]>
+        g (float[1, L, 4] x) => ({output}) {('<' + weights + '>') if weights else ''} {{ {body} }}""")
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(5)
+    # integers in 0..2 (Gather's indices once cast), as floats for the others
+    assert_batched_equals_alone(session, [{"x": rng.integers(0, 3, (1, n, 4)).astype(np.float32)}
+                                          for n in [2, 5, 1, 4, 4]])
+    assert session.stats.report.launches_by_op[op_type] == 1, session.stats.report.launches_by_op
+
+
+# op -> (its line over attention-like scores s [1, L, L] of each instance's own length, its
+# output's element type): the elementwise ops the padding table takes
+PADDED_ELEMENTWISE = {
+    **{op: (f"y = {op}(s)", "float") for op in ("Abs", "Erf", "Exp", "Identity", "Neg", "Relu", "Sigmoid", "Tanh")},
+    **{op: (f"y = {op}(s, s)", "float") for op in ("Add", "Sub", "Mul")},
+    "Div": ("y = Div(s, two)", "float"),
+    **{op: (f"y = {op}(s, zero)", "bool") for op in ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")},
+    **{op: (f"y = {op}(s)", "bool") for op in ("IsNaN", "IsInf")},
+    "Not": ("g = Greater(s, zero)\n y = Not(g)", "bool"),
+    **{op: (f"g = Greater(s, zero)\n h = Less(s, two)\n y = {op}(g, h)", "bool") for op in ("And", "Or")},
+    "Cast": ("y = Cast<to = 7>(s)", "int64"),
+    "Where": ("g = Greater(s, zero)\n y = Where(g, s, two)", "float"),
+}
+
+
+def test_the_padded_elementwise_ops_tested_are_those_of_the_table():
+    from autobatch.batcher.padding import PADDED
+
+    assert set(PADDED_ELEMENTWISE) == {op for op, row in PADDED.items() if row.own_constants}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("op_type", sorted(PADDED_ELEMENTWISE))
+def test_each_elementwise_op_the_table_calls_padded_runs_a_launch_a_chunk(op_type, backend):
+    body, elem_type = PADDED_ELEMENTWISE[op_type]
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : {OPSET}]>
+        g (float[1, L, 4] x) => ({elem_type}[1, L, L] y) <float zero = {{0.0}}, float two = {{2.0}}> {{
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        {body} }}""")
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(7)
+    # (Known: with Identity, an instance of length 1 runs its Transpose and Identity as a reshape of
+    # its one row, a launch of its own each; the others' run padded.)
+    lengths = [3, 9, 1 if op_type != "Identity" else 2, 4, 4, 7, 2, 8, 5, 6, 12, 10]
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
+                                atol=1e-5)  # the padded MatMul sums more (zero) terms
+    chunks = -(-len(lengths) // CHUNK)
+    assert session.stats.report.launches_by_op[op_type] == chunks, session.stats.report.launches_by_op
+    assert not session.stats.report.by_shape
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])

@@ -131,7 +131,7 @@ def test_a_traced_batchs_plan_as_one_onnx_model_computes_what_the_batch_does(for
 
 @pytest.mark.parametrize("task,form", [("tree_lstm", "primitive"), ("tree_lstm", "cells"), ("tree_lstm", "fold"),
                                        ("bilstm_tagger", "sequences")])
-def test_a_traced_batch_on_a_device_runs_its_plan_as_one_session_with_bound_values(task, form):
+def test_a_traced_batch_asked_runs_its_plan_as_one_session_with_bound_values(task, form):
     """Asked for (``whole_plan``), a traced batch runs its plan lowered to one onnxruntime
     session, its feeds and outputs bound (IOBinding) so that on CUDA every value between steps
     stays on the device; here on the CPU provider. Each instance's result equals the batch run
