@@ -29,6 +29,9 @@ from autobatch.batcher.ragged import ROW_LOSS, ROW_RESHAPES, ROW_WISE, SEGMENT_R
 from autobatch.batcher.rules import RULES
 from autobatch.batcher.sequences import RECURRENT
 
+# ``classing``'s sums of terms take a Sum whose terms are all per-instance floats of its type
+SUM_OF_TERMS_NOTE = ("; but a Sum of per-instance float terms alone batches as a sum of terms (any number "
+                     "of them), a class per shape")
 WAYS = ("stacked", "ragged", "reshape of rows", "per-member reduction", "packed", "padded")
 
 
@@ -64,7 +67,7 @@ def capabilities(op_type: str) -> Capabilities:
     return Capabilities(
         op_type,
         stacked="" if op_type in RULES else None,
-        ragged=ragged[0] if ragged else None,
+        ragged=ragged[0] + (SUM_OF_TERMS_NOTE if op_type == "Sum" else "") if ragged else None,
         row_reshape="" if op_type in ROW_RESHAPES else "moving only axes of 1" if op_type == "Transpose" else None,
         reduction=reduction,
         packed="layout 0, shared weights, no sequence_lens; initial states shared zeros or each instance's own"

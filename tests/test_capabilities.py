@@ -88,6 +88,45 @@ def test_each_op_of_several_operands_the_table_calls_ragged_runs_one_launch_acro
     assert session.stats.report.launches_by_op[op_type] == 1, session.stats.report.launches_by_op
 
 
+# op -> (its lines over x [1, L, 4] in (0.1, 0.9), its output's element type): the elementwise
+# ops and reductions of more than one operand (or with attributes) that the ragged table takes
+HALF = "float half = {0.5}, float low = {0.2}, float[4] slope = {0.1, 0.2, 0.3, 0.4}, int64[1] last = {-1}"
+RAGGED_ELEMENTWISE = {
+    **{op: (f"y = {op}(x, x)", "float[1, L, 4]") for op in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean")},
+    "Sum": ("y = Sum(x, half)", "float[1, L, 4]"),  # (of per-instance terms alone: a sum of terms, a class per shape)
+    "Mod": ("y = Mod<fmod = 1>(x, half)", "float[1, L, 4]"),
+    **{op: (f"y = {op}(x, half)", "bool[1, L, 4]") for op in ("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual")},
+    "Not": ("g = Greater(x, half)\n y = Not(g)", "bool[1, L, 4]"),
+    **{op: (f"g = Greater(x, half)\n h = Less(x, low)\n y = {op}(g, h)", "bool[1, L, 4]") for op in ("And", "Or", "Xor")},
+    "Cast": ("y = Cast<to = 7>(x)", "int64[1, L, 4]"),
+    "Clip": ("y = Clip(x, low, half)", "float[1, L, 4]"),
+    "PRelu": ("n = Sub(low, x)\n y = PRelu(n, slope)", "float[1, L, 4]"),
+    "Where": ("g = Greater(x, half)\n y = Where(g, x, low)", "float[1, L, 4]"),
+    "Gelu": ("y = Gelu(x)", "float[1, L, 4]"),  # opset 20
+    **{op: (f"y = {op}<keepdims = 1>(x, last)", "float[1, L, 1]")
+       for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceLogSumExp")},
+}
+
+
+def test_every_row_of_the_ragged_table_has_its_case_here():
+    from autobatch.batcher.ragged import ROW_WISE
+
+    assert set(ROW_WISE) == set(RAGGED_UNARY) | set(RAGGED_CASES) | set(RAGGED_ELEMENTWISE)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("op_type", sorted(RAGGED_ELEMENTWISE))
+def test_each_elementwise_op_and_reduction_the_table_calls_ragged_runs_one_launch_across_lengths(op_type, backend):
+    body, output = RAGGED_ELEMENTWISE[op_type]
+    model = onnx.parser.parse_model(f"""<ir_version: 9, opset_import: ["" : {20 if op_type == "Gelu" else OPSET}]>
+        g (float[1, L, 4] x) => ({output} y) <{HALF}> {{ {body} }}""")
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(11)
+    assert_batched_equals_alone(session, [{"x": rng.uniform(0.1, 0.9, (1, n, 4)).astype(np.float32)}
+                                          for n in [2, 5, 1, 4, 4]])
+    assert session.stats.report.launches_by_op[op_type] == 1, session.stats.report.launches_by_op
+
+
 # op -> (its line over attention-like scores s [1, L, L] of each instance's own length, its
 # output's element type): the elementwise ops the padding table takes
 PADDED_ELEMENTWISE = {

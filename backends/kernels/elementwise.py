@@ -68,6 +68,24 @@ for _op, (_fn, _versions) in _UNARY.items():
     _register_unary(_op, _fn, _versions)
 
 
+@kernel("Gelu", 20)
+def gelu(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
+    """ONNX's function, in float64: ``0.5 x (1 + erf(x / sqrt 2))``; with ``approximate="tanh"``,
+    ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``. (``onnx.reference`` cannot run it
+    without the node's input types.)"""
+    approximate = ctx.get("approximate", "none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"Gelu approximate {approximate!r} is not one of none, tanh")
+    wide = x.astype(np.float64)
+    with np.errstate(all="ignore"):  # inf and NaN follow IEEE, as ONNX's
+        if approximate == "tanh":
+            inner = np.tanh(math.sqrt(2 / math.pi) * (wide + 0.044715 * wide ** 3))
+        else:
+            inner = _erf(wide / math.sqrt(2)).astype(np.float64)
+        return _like(0.5 * wide * (1 + inner), x)
+
+
 @kernel("LeakyRelu", 1, 6, 16)
 def leaky_relu(ctx: NodeContext, x: np.ndarray) -> np.ndarray:
     return _like(np.where(x >= 0, x, x * ctx.get("alpha", 0.01)), x)
