@@ -142,30 +142,50 @@ PADDED_ELEMENTWISE = {
 }
 
 
-def test_the_padded_elementwise_ops_tested_are_those_of_the_table():
+# ... and the others, each in the case its row names
+PADDED_OTHERS = {
+    "MatMul": ("y = MatMul(s, s)", "float[1, L, L]"),
+    "Transpose": ("y = Transpose<perm = [0, 2, 1]>(s)", "float[1, L, L]"),
+    "Reshape": ("y = Reshape(s, square)", "float[L, L]"),
+    "Unsqueeze": ("y = Unsqueeze(s, one)", "float[1, 1, L, L]"),
+    "Squeeze": ("u = Unsqueeze(s, one)\n y = Squeeze(u, one)", "float[1, L, L]"),
+    "Flatten": ("y = Flatten<axis = 2>(s)", "float[L, L]"),
+    "Gather": ("y = Gather<axis = 0>(s, first)", "float[1, L, L]"),
+    "Concat": ("y = Concat<axis = 0>(s, s)", "float[2, L, L]"),
+    "Softmax": ("y = Softmax<axis = -1>(s)", "float[1, L, L]"),
+    "LogSoftmax": ("y = LogSoftmax<axis = -1>(s)", "float[1, L, L]"),
+}
+
+
+def test_every_row_of_the_padding_table_has_its_case_here():
     from autobatch.batcher.padding import PADDED
 
     assert set(PADDED_ELEMENTWISE) == {op for op, row in PADDED.items() if row.own_constants}
+    assert set(PADDED) == set(PADDED_ELEMENTWISE) | set(PADDED_OTHERS)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-@pytest.mark.parametrize("op_type", sorted(PADDED_ELEMENTWISE))
-def test_each_elementwise_op_the_table_calls_padded_runs_a_launch_a_chunk(op_type, backend):
-    body, elem_type = PADDED_ELEMENTWISE[op_type]
+@pytest.mark.parametrize("op_type", sorted({**PADDED_ELEMENTWISE, **PADDED_OTHERS}))
+def test_each_op_the_padding_table_takes_runs_a_launch_a_chunk(op_type, backend):
+    body, output = PADDED_ELEMENTWISE.get(op_type) or PADDED_OTHERS[op_type]
+    if op_type in PADDED_ELEMENTWISE:
+        output = f"{output}[1, L, L]"
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : {OPSET}]>
-        g (float[1, L, 4] x) => ({elem_type}[1, L, L] y) <float zero = {{0.0}}, float two = {{2.0}}> {{
+        g (float[1, L, 4] x) => ({output} y) <float zero = {{0.0}}, float two = {{2.0}}, int64[2] square = {{-1, 0}},
+                                             int64[1] one = {{1}}, int64[1] first = {{0}}> {{
         k = Transpose<perm = [0, 2, 1]>(x)
         s = MatMul(x, k)
         {body} }}""")
     session = InferenceSession(model, backend=backend)
     rng = np.random.default_rng(7)
-    # (Known: with Identity, an instance of length 1 runs its Transpose and Identity as a reshape of
-    # its one row, a launch of its own each; the others' run padded.)
-    lengths = [3, 9, 1 if op_type != "Identity" else 2, 4, 4, 7, 2, 8, 5, 6, 12, 10]
+    # (Known: with an Identity or a second Transpose of the scores, an instance of length 1 runs its
+    # Transposes and that op as reshapes of its one row, a launch of their own; the others' run padded.)
+    lengths = [3, 9, 1 if op_type not in ("Identity", "Transpose") else 2, 4, 4, 7, 2, 8, 5, 6, 12, 10]
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
                                 atol=1e-5)  # the padded MatMul sums more (zero) terms
     chunks = -(-len(lengths) // CHUNK)
-    assert session.stats.report.launches_by_op[op_type] == chunks, session.stats.report.launches_by_op
+    nodes = sum(node.op_type == op_type for node in model.graph.node)  # MatMul and Transpose: the scores' too
+    assert session.stats.report.launches_by_op[op_type] == nodes * chunks, session.stats.report.launches_by_op
     assert not session.stats.report.by_shape
 
 
