@@ -34,7 +34,7 @@ from autobatch.ir.limits import WorkLimit, work_limit
 from autobatch.ir.types import type_of_value
 from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
 from autobatch.typed_instances import ModelInstances, plan_instances
-from autobatch.ways import ALONE, BATCHED, WayChooser
+from autobatch.ways import ALONE, AT_ONCE, BATCHED, IN_TURN, WayChooser
 
 log = logging.getLogger("autobatch")
 
@@ -106,12 +106,15 @@ class InferenceSession:
         self._control_flow = self.instances.control_flow
         self._recurrent = any(node.op_type in RECURRENT and not node.domain for node in self.graph.nodes.values())
         self._parallel: ParallelRuns | None = None  # onnxruntime's CPU: a batch run alone, several at once
+        self._alone_ways: WayChooser | None = None
         if backend == "onnxruntime":
             self.ort_settings = OrtSettings(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.ort_settings.providers, threads)
             callers = threads or _usable_cores()
             if self.ort_settings.providers[0] == CPU and callers > 1 and alone_when_faster:
                 self._parallel = ParallelRuns(self.graph, self.ort_settings.providers, callers)
+                # ... or in turn on the session's own threads (onnxruntime alone), where measured faster
+                self._alone_ways = WayChooser(AT_ONCE, IN_TURN)
         # Plans are kept per mix of input signatures, but not with control flow, where each
         # instance unrolls by its values.
         self.templates = TemplateCache()  # its plans' templates, with the runs prepared for them
@@ -228,14 +231,17 @@ class InferenceSession:
         key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
         kept = key is not None and key in self._flat_plans
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
-        at_once = self._at_once(checked) if way == ALONE else None
+        how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN
+        at_once = self._at_once(checked) if way == ALONE and how == AT_ONCE else None
         begin = time.perf_counter()
         if way == ALONE:
             results = self._run_each_alone(names, checked, at_once)
+            seconds["alone"] = time.perf_counter() - begin
             self.stats = SessionStats(len(checked), None, alone=len(checked),
                                       at_once=1 if at_once is None else self._parallel.callers,  # type: ignore[union-attr]
-                                      seconds={"alone": time.perf_counter() - begin},
-                                      why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
+                                      seconds=seconds, why_alone=self._ways.why(len(checked), kept))  # type: ignore[union-attr]
+            if self._alone_ways is not None:  # (a batch that could not run at once ran in turn)
+                self._alone_ways.record(len(checked), False, AT_ONCE if at_once else IN_TURN, seconds["alone"])
         else:
             results = self._run_batched(names, checked, key, seconds, start)
         if self._ways is not None:

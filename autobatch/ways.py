@@ -22,6 +22,9 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 BATCHED, ALONE = "batched", "alone"
+# How a batch run alone runs: several instances at once, one a thread (``backends.parallel_runs``),
+# or one after another on the session's own threads (onnxruntime alone, as its users run it).
+AT_ONCE, IN_TURN = "at once", "in turn"
 BATCHED_FIRST = 3  # batches (of any sizes of a kind) run batched before alone is tried; the first of each way is not timed
 PROBE_EVERY = 16  # batches between tries of the way not taken, times how much slower it was...
 MAX_SPACING = 8  # ...up to this many times: trying costs at most about a sixteenth of the time
@@ -46,9 +49,13 @@ class WayChooser:
     """``choose`` a way for a batch of ``n`` (``kept``: its mix has a plan kept), then ``record``
     how long it took. Each way's time an instance is its own kind's once measured, else the
     nearest measured size's of its kind (a server's batch sizes vary). Until both ways are
-    measured at some size, ``BATCHED_FIRST`` batches in all run batched, then alone: a server
-    whose first batches are of many sizes pays for its warm-up once, not once a size."""
+    measured at some size, ``BATCHED_FIRST`` batches in all run the ``first`` way, then the
+    ``second``: a server whose first batches are of many sizes pays for its warm-up once, not
+    once a size. The second is taken where measured ``MARGIN`` times faster. The ways are
+    batched or alone, and, for a batch run alone, at once or in turn."""
 
+    first: str = BATCHED
+    second: str = ALONE
     kinds: dict[tuple[int, bool], _Kind] = field(default_factory=dict)
 
     def choose(self, n: int, kept: bool) -> str:
@@ -56,18 +63,18 @@ class WayChooser:
         kind = self.kinds.setdefault(key, _Kind())
         guide = self._guide(key)
         if guide is None:  # a way not measured yet at any size of this kind
-            batched = sum(other.runs[BATCHED] for (_, was_kept), other in self.kinds.items() if was_kept == kept)
-            return BATCHED if batched < BATCHED_FIRST else ALONE
-        best = _best(guide)
+            first = sum(other.runs[self.first] for (_, was_kept), other in self.kinds.items() if was_kept == kept)
+            return self.first if first < BATCHED_FIRST else self.second
+        best = self._best(guide)
         if kind.since_probe >= _spacing(guide):
-            return ALONE if best == BATCHED else BATCHED
+            return self.second if best == self.first else self.first
         return best
 
     def record(self, n: int, kept: bool, way: str, seconds: float) -> None:
         key = (n.bit_length(), kept)
         kind = self.kinds.setdefault(key, _Kind())
         guide = self._guide(key)
-        probe = guide is not None and way != _best(guide)
+        probe = guide is not None and way != self._best(guide)
         # The first run of a way (at any size) types new shapes and makes sessions (a kept mix's: its one session).
         first = not any(other.runs[way] for (_, was_kept), other in self.kinds.items() if was_kept == kept)
         kind.runs[way] += 1
@@ -80,7 +87,7 @@ class WayChooser:
         once measured, else from the nearest size of the same kind that measured it; None
         while a way has been measured at no size."""
         guide = {}
-        for way in (BATCHED, ALONE):
+        for way in (self.first, self.second):
             near = [(abs(bits - key[0]), kind.seconds(way)) for (bits, kept), kind in self.kinds.items()
                     if kept == key[1] and way in kind.recent]
             if not near:
@@ -96,12 +103,10 @@ class WayChooser:
         return (f"alone measured {guide[ALONE] * 1e3:.3f} ms an instance, {'its kept plan' if kept else 'a new mix'} "
                 f"batched {guide[BATCHED] * 1e3:.3f} ms")
 
-
-def _best(guide: dict[str, float]) -> str:
-    return ALONE if guide[ALONE] * MARGIN < guide[BATCHED] else BATCHED
+    def _best(self, guide: dict[str, float]) -> str:
+        return self.second if guide[self.second] * MARGIN < guide[self.first] else self.first
 
 
 def _spacing(guide: dict[str, float]) -> float:
     """Batches between tries of the way not taken: more, the slower it was."""
-    batched, alone = guide[BATCHED], guide[ALONE]
-    return PROBE_EVERY * min(MAX_SPACING, max(1.0, max(batched, alone) / min(batched, alone)))
+    return PROBE_EVERY * min(MAX_SPACING, max(1.0, max(guide.values()) / min(guide.values())))

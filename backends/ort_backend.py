@@ -28,7 +28,9 @@ class OrtBackendRep(BackendRep):
                 raise UnsupportedByOnnxruntime(
                     f"{name!r} is {vtype!r}: onnxruntime's Python API takes and gives no bfloat16, float8 or "
                     "4-bit arrays; run it on the numpy backend")
-        self.session = new_session(to_onnx(graph), session_options(threads), providers)
+        # The whole model, run for instance after instance (``InferenceSession.run``, a batch
+        # run alone in turn): its threads spin between runs, as onnxruntime's own session's do.
+        self.session = new_session(to_onnx(graph), session_options(threads, stop_spinning=False), providers)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = check_feeds(self.graph, feeds_by_name(self.graph.inputs, inputs))

@@ -99,7 +99,8 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path, provid
     if name != "cnn":  # (images: most of their 49^2 sizes are new in each mix)
         for session in (ours, chosen):
             session.run_batch(None, texts(list(range(5, 61)), rng))
-    for _ in range(BATCHED_FIRST + 2):  # what a new mix costs batched and alone, as the session measures it
+    # What a new mix costs batched and alone, then, run alone, at once and in turn, as the session measures it.
+    for _ in range(2 * (BATCHED_FIRST + 2)):
         chosen.run_batch(None, instances(name, count, rng))
     mixes = [instances(name, count, rng) for _ in range(repeats)]
     seen = "sizes new" if name == "cnn" else "lengths seen"
@@ -130,7 +131,8 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path, provid
             times[label].append(time.perf_counter() - start)
             if label == new_mix["batched"] and times[label][-1] < split[0]:
                 split = (times[label][-1], dict(ours.stats.seconds, **ours.stats.execution), times[NEW_MIXES_ALONE][k])
-        ways.append("alone" if chosen.stats.alone else "batched")
+        stats = chosen.stats
+        ways.append(("alone at once" if stats.at_once > 1 else "alone in turn") if stats.alone else "batched")
     ours.run_batch(None, batch)  # its stats, for the launches printed below
     seconds.update((label, min(values)) for label, values in times.items())
     extent = [t["ids"].shape[-1] for t in batch]

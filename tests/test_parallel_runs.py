@@ -17,7 +17,7 @@ from autobatch.backends.ort_runtime import CPU
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.ir import from_onnx
 from autobatch.ir.limits import DeadlineExceeded, deadline
-from autobatch.ways import ALONE, BATCHED_FIRST
+from autobatch.ways import ALONE, AT_ONCE, BATCHED_FIRST, IN_TURN
 
 def _projection() -> onnx.ModelProto:
     """``x [L, 256]`` by a ``[256, 512]`` weight, then sums: big enough that onnxruntime splits
@@ -127,13 +127,36 @@ def test_a_session_runs_a_batch_alone_at_once_on_its_threads_with_each_instances
         f"\n v{k + 1} = {'Add' if k % 2 else 'Mul'}(v{k}, c)" for k in range(299)) + "\n v = Mul(v299, c)\n}")
     session = InferenceSession(model, backend="onnxruntime", threads=2)
     rng = np.random.default_rng(3)
-    for _ in range(BATCHED_FIRST + 4):
+    at_once = []  # of each batch run alone: how many at once
+    for _ in range(BATCHED_FIRST + 6):
         feeds = [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 8)]
         got = session.run_batch(None, feeds)
         for instance, outputs in zip(feeds, got):
             np.testing.assert_array_equal(outputs[0], session.run(None, instance)[0])
-    assert session.stats.alone == 8 and session.stats.at_once == 2
-    assert "each run alone, 2 at once" in str(session.stats)
+        if session.stats.alone:
+            at_once.append(session.stats.at_once)
+            if session.stats.at_once == 2:
+                assert "each run alone, 2 at once" in str(session.stats)
+    # at once first, then in turn on the session's own threads, measured both ways (``autobatch.ways``)
+    assert at_once[:BATCHED_FIRST] == [2] * BATCHED_FIRST and 1 in at_once, at_once
+    assert set(session._alone_ways.kinds[(8).bit_length(), False].recent) == {AT_ONCE, IN_TURN}
+
+
+def test_a_batch_run_alone_runs_in_turn_where_that_was_measured_faster() -> None:
+    """onnxruntime alone, one instance after another on its own threads, is the way a CNN's
+    images ran faster than two at once: a session takes it where measured so."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[n] x) => (float[n] y) { y = Tanh(x) }""")
+    session = InferenceSession(model, backend="onnxruntime", threads=2)
+    session._ways.choose = lambda n, kept: ALONE  # type: ignore[union-attr]  # these batches run alone
+    chooser = session._alone_ways
+    for way, seconds in [(AT_ONCE, 4e-3)] * 5 + [(IN_TURN, 1e-3)] * 5:  # what both ways were measured at
+        chooser.record(8, False, way, seconds)
+    feeds = [{"x": np.full(n, 0.5, np.float32)} for n in range(1, 9)]
+    got = session.run_batch(None, feeds)
+    assert session.stats.alone == 8 and session.stats.at_once == 1
+    for instance, outputs in zip(feeds, got, strict=True):
+        np.testing.assert_array_equal(outputs[0], session.run(None, instance)[0])
 
 
 def test_a_batch_whose_empty_sequences_run_in_turn_runs_the_others_at_once() -> None:

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from autobatch import InferenceSession
-from autobatch.ways import ALONE, BATCHED, BATCHED_FIRST, PROBE_EVERY, WayChooser
+from autobatch.ways import ALONE, AT_ONCE, BATCHED, BATCHED_FIRST, IN_TURN, PROBE_EVERY, WayChooser
 from tests.oracle import assert_same
 
 
@@ -142,3 +142,13 @@ def test_a_server_counts_the_instances_it_ran_alone_by_choice() -> None:
         assert_same(outputs["v300"], session.run(None, feeds)[0])
     assert engine.metrics.batch_sizes.count == 1 and engine.metrics.instances_alone == 8
     assert 'autobatch_instances_alone_total{model="chain"} 8' in render([("chain", engine.metrics, 0)])
+
+
+def test_a_chooser_of_how_a_batch_runs_alone_starts_at_once_and_takes_in_turn_where_faster():
+    """The same chooser between the ways a batch runs alone: at once first; in turn (onnxruntime
+    alone) once measured faster by the margin, at once tried again now and then."""
+    ways = _runs(WayChooser(AT_ONCE, IN_TURN), 8, {AT_ONCE: 4e-3, IN_TURN: 1e-3}, 200)
+    assert ways[:BATCHED_FIRST + 2] == [AT_ONCE] * BATCHED_FIRST + [IN_TURN] * 2
+    assert ways[-20:].count(IN_TURN) >= 19 and AT_ONCE in ways[BATCHED_FIRST + 2:]
+    kept = _runs(WayChooser(AT_ONCE, IN_TURN), 8, {AT_ONCE: 1e-3, IN_TURN: 1e-3 * 1.05}, 100)  # within the margin
+    assert kept[-10:] == [AT_ONCE] * 10
