@@ -96,12 +96,12 @@ class WayChooser:
         return guide
 
     def why(self, n: int, kept: bool) -> str:
-        """Why a batch of ``n`` runs alone, in words."""
+        """Why a batch of ``n`` runs the second way, in words."""
         guide = self._guide((n.bit_length(), kept))
         if guide is None:
-            return "alone is being measured"
-        return (f"alone measured {guide[ALONE] * 1e3:.3f} ms an instance, {'its kept plan' if kept else 'a new mix'} "
-                f"batched {guide[BATCHED] * 1e3:.3f} ms")
+            return f"{self.second} is being measured"
+        return (f"{self.second} measured {guide[self.second] * 1e3:.3f} ms an instance, "
+                f"{'its kept plan' if kept else 'a new mix'} {self.first} {guide[self.first] * 1e3:.3f} ms")
 
     def _best(self, guide: dict[str, float]) -> str:
         return self.second if guide[self.second] * MARGIN < guide[self.first] else self.first

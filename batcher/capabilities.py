@@ -67,7 +67,7 @@ def capabilities(op_type: str) -> Capabilities:
     return Capabilities(
         op_type,
         stacked="" if op_type in RULES else None,
-        ragged=ragged[0] + (SUM_OF_TERMS_NOTE if op_type == "Sum" else "") if ragged else None,
+        ragged=ragged.when + (SUM_OF_TERMS_NOTE if op_type == "Sum" else "") if ragged else None,
         row_reshape="" if op_type in ROW_RESHAPES else "moving only axes of 1" if op_type == "Transpose" else None,
         reduction=reduction,
         packed="layout 0, shared weights, no sequence_lens; initial states shared zeros or each instance's own"

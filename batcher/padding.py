@@ -31,7 +31,7 @@ import numpy as np
 
 from autobatch.batcher.instances import alike
 from autobatch.batcher.ragged import record_attribute
-from autobatch.batcher.rule_tables import Refusal, refuse
+from autobatch.batcher.rule_tables import Refusal, install_in, refuse
 from autobatch.ir import ValueType
 
 CHUNK = 8  # instances a padded launch (as ``batcher.sequences`` chunks sequences)
@@ -88,12 +88,7 @@ PADDED: dict[str, PadRule] = {}
 
 
 def padded(when: str, *op_types: str, own_constants: bool = False) -> Callable[[Rule], Rule]:
-    def install(rule: Rule) -> Rule:
-        for op_type in op_types:
-            PADDED[op_type] = PadRule(when, rule, own_constants)
-        return rule
-
-    return install
+    return install_in(PADDED, op_types, lambda rule: PadRule(when, rule, own_constants))
 
 
 @padded("position by position, operands broadcast alike for every member; a constant of each "

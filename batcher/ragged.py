@@ -63,13 +63,21 @@ class Rows(NamedTuple):
 
 # Whether an op treats the rows of its per-instance operands independently.
 RowWise = Callable[[Rows], bool]
-# op type -> (when it is row-wise, as its refusal says otherwise; the check). ``batcher.capabilities``
-# prints the first.
-ROW_WISE: dict[str, tuple[str, RowWise]] = {}
+
+
+class RowRule(NamedTuple):
+    """A row of ``ROW_WISE``: when the op is row-wise (its refusal says so otherwise, and
+    ``batcher.capabilities`` prints it), and the check."""
+
+    when: str
+    check: RowWise
+
+
+ROW_WISE: dict[str, RowRule] = {}
 
 
 def row_wise(when: str, *op_types: str) -> Callable[[RowWise], RowWise]:
-    return install_in(ROW_WISE, when, op_types)
+    return install_in(ROW_WISE, op_types, lambda check: RowRule(when, check))
 
 
 @row_wise("per-instance operands of one shape, kept by the result, and shared ones that do not reach the rows' axis",
@@ -181,9 +189,12 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
         return ("reshape", only.elem_type, axis, runs[0][2], outs[0])  # type: ignore[index]
     if any(out is not None and out[0] != axis for out in outs):
         return refuse("an output whose rows run along another axis than its operands'")
-    if not _row_wise(record, data, axis, weights):
-        when, _ = ROW_WISE.get(record.op_type, (None, None))
-        return refuse(f"row-wise only as {when}" if when else "not a row-wise op")
+    row = ROW_WISE.get(record.op_type)
+    if row is None:
+        return refuse("not a row-wise op")
+    shared = [np.shape(weights[e]) for e in record.entries if isinstance(e, str) and e]
+    if not row.check(Rows(record, data, axis, len(data[0][1].shape), shared, weights)):
+        return refuse(f"row-wise only as {row.when}")
     entries = tuple(("rows", e.elem_type, axis, run[2]) if isinstance(e, ValueType) else e
                     for e, run in zip(record.entries, _aligned(record.entries, runs)))
     return ("ragged", record.op_type, attributes, entries, outs)
@@ -248,14 +259,6 @@ def _row_reshape(record: Any, data: list[tuple[int, ValueType]], row: tuple[int,
     elif record.op_type not in ROW_RESHAPES:
         return False
     return math.prod(row) == math.prod(outs[0][1])
-
-
-def _row_wise(record: Any, data: list[tuple[int, ValueType]], axis: int, weights: Mapping[str, np.ndarray]) -> bool:
-    """Whether the op treats the rows of its per-instance operands (along ``axis``, the leading
-    axes before it of size 1) independently (``ROW_WISE``)."""
-    _, check = ROW_WISE.get(record.op_type, (None, None))
-    shared = [np.shape(weights[e]) for e in record.entries if isinstance(e, str) and e]
-    return check is not None and check(Rows(record, data, axis, len(data[0][1].shape), shared, weights))
 
 
 def _reduced_axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] | None:

@@ -57,15 +57,15 @@ def refuse(reason: str) -> Refusal:
     return Refusal(reason)
 
 
-T = TypeVar("T")
+F = TypeVar("F")
 
 
-def install_in(table: dict[str, tuple[str, T]], when: str, op_types: Sequence[str]) -> Callable[[T], T]:
-    """A decorator that puts ``(when, the function)`` in ``table`` for each of ``op_types``: how
-    the tables of other ways of batching (ragged, padded) are filled, a row an op."""
-    def install(fn: T) -> T:
+def install_in(table: dict[str, Any], op_types: Sequence[str], row: Callable[[F], Any]) -> Callable[[F], F]:
+    """A decorator that puts ``row(the function)`` in ``table`` for each of ``op_types``: how every
+    table of rules is filled, a row an op (JAX's installers)."""
+    def install(fn: F) -> F:
         for op_type in op_types:
-            table[op_type] = (when, fn)
+            table[op_type] = row(fn)
         return fn
 
     return install

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from autobatch.batcher.rule_tables import Emitter, Operand, Refusal, Shape, refuse
+from autobatch.batcher.rule_tables import Emitter, Operand, Refusal, Shape, install_in, refuse
 from autobatch.ir import Node
 
 Rule = Callable[[Emitter, Node, list[Operand | None], list[Shape]], "list[str] | Refusal"]
@@ -23,12 +23,7 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(*op_types: str) -> Callable[[Rule], Rule]:
-    def register(fn: Rule) -> Rule:
-        for op_type in op_types:
-            RULES[op_type] = fn
-        return fn
-
-    return register
+    return install_in(RULES, op_types, lambda fn: fn)
 
 
 def reshape(e: Emitter, name: str, per_instance_shape: Sequence[int]) -> str:
