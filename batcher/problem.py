@@ -33,21 +33,39 @@ class Problem:
     node_ids: list[int]
     sig: np.ndarray
     preds: list[list[int]]
-    succs: list[list[int]]
     depth: np.ndarray
     classes: list[Signature] = field(default_factory=list)
     alone: Counter[str] = field(default_factory=Counter)  # "op: why" -> nodes that run one at a time
     parts: np.ndarray | None = None
     _level: np.ndarray | None = field(default=None, repr=False)
+    _edges: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _succs: list[list[int]] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return len(self.node_ids)
 
     @property
+    def succs(self) -> list[list[int]]:
+        """Per node, the nodes that read it (only the agenda-style schedulers walk them)."""
+        if self._succs is None:
+            self._succs = [[] for _ in self.node_ids]
+            for v, ps in enumerate(self.preds):
+                for u in ps:
+                    self._succs[u].append(v)
+        return self._succs
+
+    @property
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every dependency as arrays ``(source, target)``, targets ascending."""
+        if self._edges is None:
+            self._edges = _edges(self.preds)
+        return self._edges
+
+    @property
     def level(self) -> np.ndarray:
         if self._level is None:
-            self._level = _levels(self.preds, self.sig, len(self.classes), self.depth, self.parts)
+            self._level = _levels(self.edges, self.sig, len(self.classes), self.depth, self.parts)
         return self._level
 
     def lower_bound(self) -> int:
@@ -60,7 +78,7 @@ class Problem:
         if self._level is not None:
             return self.lower_bound()
         preds, sig, classes, depth, parts = self.preds, self.sig, len(self.classes), self.depth, self.parts
-        return lambda: _lower_bound(sig, _levels(preds, sig, classes, depth, parts), classes)
+        return lambda: _lower_bound(sig, _levels(_edges(preds), sig, classes, depth, parts), classes)
 
 
 def _lower_bound(sig: np.ndarray, level: np.ndarray, classes: int) -> int:
@@ -114,12 +132,7 @@ def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], c
                  parts: np.ndarray | None = None) -> Problem:
     """The problem of nodes given in topological order with their classes and predecessors
     (and ``parts``: see ``Problem``)."""
-    succs: list[list[int]] = [[] for _ in node_ids]
-    for v, ps in enumerate(preds):
-        for u in ps:
-            succs[u].append(v)
-    depth = _depths(preds)
-    return Problem(node_ids, sig, preds, succs, depth, classes, parts=parts)
+    return Problem(node_ids, sig, preds, _depths(preds), classes, parts=parts)
 
 
 def _depths(preds: list[list[int]]) -> np.ndarray:
@@ -132,14 +145,19 @@ def _depths(preds: list[list[int]]) -> np.ndarray:
     return np.array(depth, dtype=np.int64)
 
 
-def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.ndarray,
+def _edges(preds: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    src = np.fromiter(itertools.chain.from_iterable(preds), dtype=np.int64)
+    return src, np.repeat(np.arange(len(preds)), [len(ps) for ps in preds])
+
+
+def _levels(edges: tuple[np.ndarray, np.ndarray], sig: np.ndarray, n_classes: int, depth: np.ndarray,
             parts: np.ndarray | None = None) -> np.ndarray:
     """Per node, the most nodes of its class on a path ending at it: a DP carrying, per node,
     the vector of per-class path maxima, run one topological generation at a time (every
     predecessor of a generation lies in an earlier one), vectorised over its nodes. With
     ``parts``, only the classes with two nodes in one part need it: a path stays in its part, so
     the others' levels are 1 (a mix of a model's instances has many classes of one node each)."""
-    n = len(preds)
+    n = len(sig)
     if n_classes == 0 or n == 0:
         return np.zeros(n, dtype=np.int64)
     if not depth.any():  # no dependencies (a lockstep round over known values): every level is 1
@@ -151,11 +169,10 @@ def _levels(preds: list[list[int]], sig: np.ndarray, n_classes: int, depth: np.n
         compact = np.full(n_classes, UNBATCHABLE, dtype=np.int64)
         compact[repeated] = np.arange(len(repeated))
         kept = np.where(batchable, compact[np.where(batchable, sig, 0)], UNBATCHABLE)
-        level = _levels(preds, kept, len(repeated), depth)
+        level = _levels(edges, kept, len(repeated), depth)
         return np.where(batchable & (kept == UNBATCHABLE), 1, level)
     best = np.zeros((n, n_classes), dtype=np.int32)
-    src = np.array(list(itertools.chain.from_iterable(preds)), dtype=np.int64)
-    dst = np.repeat(np.arange(n), [len(ps) for ps in preds])
+    src, dst = edges
     by_dst_depth = np.argsort(depth[dst], kind="stable")
     src, dst = src[by_dst_depth], dst[by_dst_depth]
     edge_bounds = np.searchsorted(depth[dst], np.arange(int(depth.max()) + 2))

@@ -13,6 +13,7 @@ group holding nodes of one signature class whose dependencies all lie in earlier
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -122,10 +123,15 @@ def agenda_schedule(problem: Problem) -> Schedule:
 
 
 def level_schedule(problem: Problem) -> Schedule:
-    """Ours: launch a ready class whose ready nodes complete its lowest pending level (this
-    never costs a launch against the lower bound). Which class among several, or when none
-    completes, is a tie-break; each of ``LEVEL_TIE_BREAKS`` is tried in turn until a schedule
-    reaches the lower bound (often the first does), else the shortest one is kept."""
+    """Ours: every node of a class at one level in one launch, when those launches can run in
+    some order (``level_groups``: the lower bound, found in bulk). Else launch a ready class
+    whose ready nodes complete its lowest pending level (this never costs a launch against the
+    bound). Which class among several, or when none completes, is a tie-break; each of
+    ``LEVEL_TIE_BREAKS`` is tried in turn until a schedule reaches the lower bound, else the
+    shortest one is kept."""
+    grouped = level_groups(problem)
+    if grouped is not None:
+        return grouped
     bound = problem.lower_bound()
     best: Schedule | None = None
     for tie_break in LEVEL_TIE_BREAKS:
@@ -136,6 +142,46 @@ def level_schedule(problem: Problem) -> Schedule:
             break  # nothing can do better
     assert best is not None
     return best
+
+
+def level_groups(problem: Problem) -> Schedule | None:
+    """A launch per class and level (and per unbatchable node), ordered so that each reads
+    only earlier ones; None when no order can (a cycle among them: levels that do not line up,
+    as in a Tree-LSTM traced op by op). Such a schedule has as many launches as the lower bound
+    (a class of highest level m has its nodes on levels 1..m), and is found with NumPy over
+    all nodes at once, and Python only over launches and the dependencies between them."""
+    n = problem.size
+    if n == 0:
+        return []
+    sig, level = problem.sig, problem.level
+    levels = int(level.max()) + 1
+    key = np.where(sig != UNBATCHABLE, sig * levels + level, (len(problem.classes) + np.arange(n)) * levels)
+    _, group, counts = np.unique(key, return_inverse=True, return_counts=True)
+    groups = len(counts)
+    src, dst = problem.edges
+    between = np.unique(group[src] * groups + group[dst])
+    between = between[between // groups != between % groups]  # nodes of one launch reading each other: none
+    sources, targets = between // groups, (between % groups).tolist()
+    waiting = np.bincount(between % groups, minlength=groups).tolist()
+    starts = np.searchsorted(sources, np.arange(groups + 1)).tolist()
+    nodes = np.argsort(group, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    # Among the launches ready, the one whose nodes start shallowest (then by class): in order of depth.
+    first_depth = np.minimum.reduceat(problem.depth[nodes], bounds[:-1]).tolist()
+    ready = [(first_depth[g], g) for g in range(groups) if waiting[g] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        g = heapq.heappop(ready)[1]
+        order.append(g)
+        for h in targets[starts[g]:starts[g + 1]]:
+            waiting[h] -= 1
+            if waiting[h] == 0:
+                heapq.heappush(ready, (first_depth[h], h))
+    if len(order) < groups:
+        return None
+    members, bounds = nodes.tolist(), bounds.tolist()
+    return [members[bounds[g]:bounds[g + 1]] for g in order]
 
 
 # Each maps (ready set, class, lowest pending level per class, highest per class) to a sort key.

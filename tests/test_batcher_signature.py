@@ -17,7 +17,7 @@ from autobatch.graphs import run_graphs
 from autobatch.batcher import SCHEDULERS, build_problem, flat, node_signature
 from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE, problem_from
-from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule
+from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule, level_groups
 from autobatch.datasets import synthetic_tree
 from autobatch.examples import tree_lstm
 from autobatch.batcher.node_rules import has_rule
@@ -279,6 +279,37 @@ def test_schedulers_valid_deterministic_and_above_lower_bound(scheduler: str, se
     assert problem.lower_bound() <= len(schedule) <= problem.size
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_launches_by_class_and_level_reach_the_bound_or_refuse(seed: int) -> None:
+    """``level_groups``: where it gives a schedule, it is valid and reaches the lower bound;
+    where it refuses, its launches by class and level read each other in a cycle, and the
+    level scheduler's own search still gives a valid schedule."""
+    union = random_union(seed, instances=6)
+    problem = build_problem(union, lambda node: has_rule(union, node))
+    grouped = level_groups(problem)
+    if grouped is not None:
+        check_valid(problem, grouped)
+        assert len(grouped) == problem.lower_bound()
+        assert SCHEDULERS["level"](problem) == grouped
+    else:
+        check_valid(problem, SCHEDULERS["level"](problem))
+
+
+def test_launches_by_class_and_level_refuse_a_cycle() -> None:
+    """Two instances, a then b in one and b then a in the other: every node is level 1 in its
+    class, and the launch of the a's and that of the b's would each read the other."""
+    sig = np.array([0, 1, 1, 0], dtype=np.int64)
+    classes = [("", "A"), ("", "B")]
+    problem = problem_from(list(range(4)), sig, [[], [0], [], [2]], classes)
+    assert problem.level.tolist() == [1, 1, 1, 1]
+    assert level_groups(problem) is None
+    schedule = SCHEDULERS["level"](problem)
+    check_valid(problem, schedule)
+    assert len(schedule) == 3 > problem.lower_bound() == 2
+    chains = problem_from(list(range(4)), sig[[0, 1, 0, 1]], [[], [0], [], [2]], classes)
+    assert level_groups(chains) == [[0, 2], [1, 3]]
+
+
 def test_unbatchable_nodes_count_in_lower_bound() -> None:
     union = random_union(3)
     problem = build_problem(union, lambda node: node.op_type != "Tanh")
@@ -334,6 +365,7 @@ def test_level_scheduler_reaches_lower_bound_on_trees_and_chains() -> None:
     problem = build_problem(union, lambda node: has_rule(union, node))
     launches = {name: len(s(problem)) for name, s in SCHEDULERS.items()}
     assert launches["level"] == problem.lower_bound()
+    assert level_groups(problem) == SCHEDULERS["level"](problem)  # found in bulk
     assert all(problem.lower_bound() <= n for n in launches.values())
     # the lower bound here: MatMul at most 5 on a path (the chain), Tanh at most 5 (chain: 5;
     # depth-3 tree: leaf + 3 levels = 4), Add at most 3.
