@@ -40,6 +40,7 @@ class Problem:
     _level: np.ndarray | None = field(default=None, repr=False)
     _edges: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _succs: list[list[int]] | None = field(default=None, repr=False)
+    _late_level: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
@@ -67,6 +68,24 @@ class Problem:
         if self._level is None:
             self._level = _levels(self.edges, self.sig, len(self.classes), self.depth, self.parts)
         return self._level
+
+    @property
+    def late_level(self) -> np.ndarray:
+        """Per node, the last launch of its class that it could be in without a schedule going
+        past the lower bound: its class's highest level, less the most nodes of its class on a
+        path starting at it, plus one (``level`` is the first; nodes that no path joins, such as a
+        tagger's per-token work after its LSTMs, share their last)."""
+        if self._late_level is None:
+            src, dst = self.edges
+            by_source = np.argsort(src, kind="stable")
+            batchable = self.sig != UNBATCHABLE
+            # Generations backwards: a node's readers are all in later generations than its own.
+            ahead = _levels((dst[by_source], src[by_source]), self.sig, len(self.classes),
+                            self.depth.max(initial=0) - self.depth, self.parts)
+            highest = np.zeros(len(self.classes), dtype=np.int64)
+            np.maximum.at(highest, self.sig[batchable], self.level[batchable])
+            self._late_level = np.where(batchable, highest[np.where(batchable, self.sig, 0)] - ahead + 1, 0)
+        return self._late_level
 
     def lower_bound(self) -> int:
         """ED-Batch's bound: unbatchable nodes plus, per class, its most nodes on one path."""
@@ -152,7 +171,8 @@ def _edges(preds: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def _levels(edges: tuple[np.ndarray, np.ndarray], sig: np.ndarray, n_classes: int, depth: np.ndarray,
             parts: np.ndarray | None = None) -> np.ndarray:
-    """Per node, the most nodes of its class on a path ending at it: a DP carrying, per node,
+    """Per node, the most nodes of its class on a path ending at it (``edges``: their targets
+    ascending; ``depth``: a generation per node, above those of its sources): a DP carrying, per node,
     the vector of per-class path maxima, run one topological generation at a time (every
     predecessor of a generation lies in an earlier one), vectorised over its nodes. With
     ``parts``, only the classes with two nodes in one part need it: a path stays in its part, so

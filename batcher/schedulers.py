@@ -129,9 +129,10 @@ def level_schedule(problem: Problem) -> Schedule:
     bound). Which class among several, or when none completes, is a tie-break; each of
     ``LEVEL_TIE_BREAKS`` is tried in turn until a schedule reaches the lower bound, else the
     shortest one is kept."""
-    grouped = level_groups(problem)
-    if grouped is not None:
-        return grouped
+    for timing in ("level", "late_level"):  # each node as early as it can be, then as late
+        grouped = level_groups(problem, getattr(problem, timing))
+        if grouped is not None:
+            return grouped
     bound = problem.lower_bound()
     best: Schedule | None = None
     for tie_break in LEVEL_TIE_BREAKS:
@@ -144,16 +145,17 @@ def level_schedule(problem: Problem) -> Schedule:
     return best
 
 
-def level_groups(problem: Problem) -> Schedule | None:
-    """A launch per class and level (and per unbatchable node), ordered so that each reads
-    only earlier ones; None when no order can (a cycle among them: levels that do not line up,
-    as in a Tree-LSTM traced op by op). Such a schedule has as many launches as the lower bound
-    (a class of highest level m has its nodes on levels 1..m), and is found with NumPy over
-    all nodes at once, and Python only over launches and the dependencies between them."""
+def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
+    """A launch per class and ``level`` (``Problem.level`` or ``late_level``; and one per
+    unbatchable node), ordered so that each reads only earlier ones; None when no order can (a
+    cycle among them: levels that do not line up, as in a Tree-LSTM traced op by op). Such a
+    schedule has as many launches as the lower bound (a class of highest level m has its nodes
+    on levels 1..m), and is found with NumPy over all nodes at once, and Python only over
+    launches and the dependencies between them."""
     n = problem.size
     if n == 0:
         return []
-    sig, level = problem.sig, problem.level
+    sig = problem.sig
     levels = int(level.max()) + 1
     key = np.where(sig != UNBATCHABLE, sig * levels + level, (len(problem.classes) + np.arange(n)) * levels)
     _, group, counts = np.unique(key, return_inverse=True, return_counts=True)

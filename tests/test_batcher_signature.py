@@ -19,7 +19,7 @@ from autobatch.batcher.plan import TemplateCache
 from autobatch.batcher.problem import UNBATCHABLE, problem_from
 from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule, level_groups
 from autobatch.datasets import synthetic_tree
-from autobatch.examples import tree_lstm
+from autobatch.examples import bilstm_tagger, tree_lstm
 from autobatch.batcher.node_rules import has_rule
 from autobatch.ir import Graph, ValueType, from_onnx
 
@@ -286,11 +286,13 @@ def test_launches_by_class_and_level_reach_the_bound_or_refuse(seed: int) -> Non
     level scheduler's own search still gives a valid schedule."""
     union = random_union(seed, instances=6)
     problem = build_problem(union, lambda node: has_rule(union, node))
-    grouped = level_groups(problem)
-    if grouped is not None:
-        check_valid(problem, grouped)
-        assert len(grouped) == problem.lower_bound()
-        assert SCHEDULERS["level"](problem) == grouped
+    early, late = level_groups(problem, problem.level), level_groups(problem, problem.late_level)
+    for grouped in (early, late):
+        if grouped is not None:
+            check_valid(problem, grouped)
+            assert len(grouped) == problem.lower_bound()
+    if early is not None or late is not None:
+        assert SCHEDULERS["level"](problem) == (early if early is not None else late)
     else:
         check_valid(problem, SCHEDULERS["level"](problem))
 
@@ -302,12 +304,13 @@ def test_launches_by_class_and_level_refuse_a_cycle() -> None:
     classes = [("", "A"), ("", "B")]
     problem = problem_from(list(range(4)), sig, [[], [0], [], [2]], classes)
     assert problem.level.tolist() == [1, 1, 1, 1]
-    assert level_groups(problem) is None
+    assert level_groups(problem, problem.level) is None
+    assert level_groups(problem, problem.late_level) is None
     schedule = SCHEDULERS["level"](problem)
     check_valid(problem, schedule)
     assert len(schedule) == 3 > problem.lower_bound() == 2
     chains = problem_from(list(range(4)), sig[[0, 1, 0, 1]], [[], [0], [], [2]], classes)
-    assert level_groups(chains) == [[0, 2], [1, 3]]
+    assert level_groups(chains, chains.level) == [[0, 2], [1, 3]]
 
 
 def test_unbatchable_nodes_count_in_lower_bound() -> None:
@@ -365,7 +368,7 @@ def test_level_scheduler_reaches_lower_bound_on_trees_and_chains() -> None:
     problem = build_problem(union, lambda node: has_rule(union, node))
     launches = {name: len(s(problem)) for name, s in SCHEDULERS.items()}
     assert launches["level"] == problem.lower_bound()
-    assert level_groups(problem) == SCHEDULERS["level"](problem)  # found in bulk
+    assert level_groups(problem, problem.level) == SCHEDULERS["level"](problem)  # found in bulk
     assert all(problem.lower_bound() <= n for n in launches.values())
     # the lower bound here: MatMul at most 5 on a path (the chain), Tanh at most 5 (chain: 5;
     # depth-3 tree: leaf + 3 levels = 4), Add at most 3.
@@ -390,6 +393,25 @@ def test_level_scheduler_nears_the_bound_on_tree_lstms_op_by_op() -> None:
     by_tie_break = [len(_level_schedule(problem, tie_break)) for tie_break in LEVEL_TIE_BREAKS]
     assert len(schedule) == min(by_tie_break) <= 1.1 * problem.lower_bound()
     assert by_tie_break[-1] < min(by_tie_break[:-1])  # the fewest-ready tie-break is the one that helps here
+
+
+def test_a_tagger_op_by_op_is_launched_by_late_levels() -> None:
+    """Traced op by op, the BiLSTM tagger's per-token Tanh shares its class with the LSTMs'; by
+    their first levels, its launches and the LSTMs' would read each other, but by their last
+    (every token's Tanh in the one launch after the LSTMs) they reach the bound, found in bulk."""
+    sentences = [[(f"w{k % 5}", f"t{k % 3}") for k in range(length)] for length in (3, 5, 2, 7)]
+    params = bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=4)
+    with Batch() as batch:
+        losses = [bilstm_tagger.loss_primitive(sentence, params) for sentence in sentences]
+        planner = flat._Planner(TemplateCache(), batch._weights, batch._literals, batch.functions, batch._opsets())
+        records, preds = flat._live(batch._records, [t.producer for t in losses])
+        problem = planner.sign(records, preds)
+        batch.discard()
+    assert level_groups(problem, problem.level) is None
+    late = level_groups(problem, problem.late_level)
+    assert late is not None and len(late) == problem.lower_bound()
+    check_valid(problem, late)
+    assert SCHEDULERS["level"](problem) == late
 
 
 def test_batched_trees_equal_trees_alone() -> None:
@@ -449,4 +471,7 @@ def test_levels_worked_out_per_instance_equal_those_of_the_whole_problem(seed: i
     parts = np.array([union.nodes[node_id].instance for node_id in problem.node_ids], dtype=np.int64)
     apart = problem_from(problem.node_ids, problem.sig, problem.preds, problem.classes, parts)
     np.testing.assert_array_equal(apart.level, problem.level)
+    np.testing.assert_array_equal(apart.late_level, problem.late_level)
     assert apart.lower_bound() == problem.lower_bound()
+    batchable = problem.sig != UNBATCHABLE
+    assert ((1 <= problem.level) & (problem.level <= problem.late_level))[batchable].all()
