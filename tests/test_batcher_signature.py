@@ -16,7 +16,7 @@ from autobatch.backends import Interpreter
 from autobatch.graphs import run_graphs
 from autobatch.batcher import SCHEDULERS, build_problem, flat, node_signature
 from autobatch.batcher.plan import TemplateCache
-from autobatch.batcher.problem import UNBATCHABLE, problem_from
+from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule, level_groups
 from autobatch.datasets import synthetic_tree
 from autobatch.examples import bilstm_tagger, tree_lstm
@@ -375,6 +375,17 @@ def test_level_scheduler_reaches_lower_bound_on_trees_and_chains() -> None:
     assert problem.lower_bound() == 5 + 5 + 3
 
 
+def traced_problem(loss, examples, params) -> Problem:  # type: ignore[no-untyped-def]
+    """The scheduling problem of the examples' losses traced into one batch (nothing runs)."""
+    with Batch() as batch:
+        losses = [loss(example, params) for example in examples]
+        planner = flat._Planner(TemplateCache(), batch._weights, batch._literals, batch.functions, batch._opsets())
+        records, preds = flat._live(batch._records, [t.producer for t in losses])
+        problem = planner.sign(records, preds)
+        batch.discard()
+    return problem
+
+
 def test_level_scheduler_nears_the_bound_on_tree_lstms_op_by_op() -> None:
     """Traced op by op, a Tree-LSTM's per-class bounds do not line up (``Uf1`` reads left
     children only, so its levels follow left spines, not tree heights): the agenda tie-break
@@ -382,12 +393,7 @@ def test_level_scheduler_nears_the_bound_on_tree_lstms_op_by_op() -> None:
     rng = random.Random(0)
     trees = [synthetic_tree(rng) for _ in range(8)]
     params = tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=4)
-    with Batch() as batch:
-        losses = [tree_lstm.loss_primitive(tree, params) for tree in trees]
-        planner = flat._Planner(TemplateCache(), batch._weights, batch._literals, batch.functions, batch._opsets())
-        records, preds = flat._live(batch._records, [t.producer for t in losses])
-        problem = planner.sign(records, preds)
-        batch.discard()
+    problem = traced_problem(tree_lstm.loss_primitive, trees, params)
     schedule = SCHEDULERS["level"](problem)
     check_valid(problem, schedule)
     by_tie_break = [len(_level_schedule(problem, tie_break)) for tie_break in LEVEL_TIE_BREAKS]
@@ -401,12 +407,7 @@ def test_a_tagger_op_by_op_is_launched_by_late_levels() -> None:
     (every token's Tanh in the one launch after the LSTMs) they reach the bound, found in bulk."""
     sentences = [[(f"w{k % 5}", f"t{k % 3}") for k in range(length)] for length in (3, 5, 2, 7)]
     params = bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=4)
-    with Batch() as batch:
-        losses = [bilstm_tagger.loss_primitive(sentence, params) for sentence in sentences]
-        planner = flat._Planner(TemplateCache(), batch._weights, batch._literals, batch.functions, batch._opsets())
-        records, preds = flat._live(batch._records, [t.producer for t in losses])
-        problem = planner.sign(records, preds)
-        batch.discard()
+    problem = traced_problem(bilstm_tagger.loss_primitive, sentences, params)
     assert level_groups(problem, problem.level) is None
     late = level_groups(problem, problem.late_level)
     assert late is not None and len(late) == problem.lower_bound()
