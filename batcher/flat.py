@@ -80,8 +80,11 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     views = sum(isinstance(rows, slice) for rows in reads)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once
                  and not step.template.solo)
-    reasons = Counter(f"{record.op_type}: {planner.templates[cls].reason}" for record, cls
-                      in zip(records, planner.record_class) if getattr(planner.templates[cls], "solo", False))
+    members = np.bincount(planner.record_class, minlength=len(planner.templates)).tolist()
+    reasons: Counter[str] = Counter()  # counted a class at a time: its records share their op and template
+    for cls, template in enumerate(planner.templates):
+        if getattr(template, "solo", False) and members[cls]:
+            reasons[f"{planner.first_records[cls].op_type}: {template.reason}"] += members[cls]
     report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},

@@ -187,7 +187,7 @@ class Layout:
 
     def _one_block(self, names: Sequence[str]) -> tuple[int, np.ndarray] | None:
         """(the block, where each value's rows start) when every value is in one block; else None."""
-        if not all(name in self.runs for name in names):
+        if not all(map(self.runs.__contains__, names)):
             return None
         places = [self.location[name] for name in names]
         arena = places[0] >> ROW_BITS
@@ -199,9 +199,9 @@ class Layout:
         """The arena holding these values (one: they have one type) and their rows in it; for
         literals only, ``LITERALS`` and their names: stacked straight from their values."""
         literals = self.literals
-        if names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(name in literals for name in names):
+        if names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(map(literals.__contains__, names)):
             return LITERALS, list(names)
-        if any(name in self.runs for name in names):
+        if self.runs and not self.runs.keys().isdisjoint(names):  # C loops: this runs for every read of a plan
             return self._rows_in_blocks(names)
         places = list(map(self.location.__getitem__, names))
         first = places[0]
