@@ -28,6 +28,7 @@ OPSET = {"": 18}
 
 
 DISCARDED = -2  # the producer of a pending tensor whose record was discarded
+_new_tensor = object.__new__
 
 
 class Tracer:
@@ -207,12 +208,24 @@ class Tracer:
             seen = (op_type, "", attributes_id, *names)  # as ``record`` makes it: either may reuse the other's
             if seen in self._calls:
                 return self._outputs_again(seen, (shape,), (dtype,), [vtype])[0]
-        preds = self._reads(inputs)
-        entries = tuple([tensor.entry for tensor in inputs])
+        preds = []
+        entries = []
+        for tensor in inputs:  # ``_reads`` and the entries in one loop: this runs for every traced op
+            entries.append(tensor.entry)
+            if tensor.value is None:
+                if tensor.producer >= 0:
+                    preds.append(tensor.producer)
+                else:
+                    self._reads((tensor,))  # an argument of a traced cell, or discarded (which raises)
+            elif type(tensor.entry) is not str:
+                self._literals[tensor.name] = tensor.value
+        entries = tuple(entries)
         index = len(self._records)
         if seen is not None:
             self._calls[seen] = index
-        tensor = Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
+        tensor = _new_tensor(Tensor)  # its slots set here: a call of ``__init__`` costs more than they do
+        tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
+        tensor.value, tensor.entry, tensor.producer = None, vtype, index
         self._pending.append(weakref.ref(tensor))
         self._records.append(Record(op_type, "", names, [tensor.name], attributes, [vtype], entries,
                                     ("", op_type, attributes_id, entries), preds, self._instance))
@@ -237,8 +250,10 @@ class Tracer:
         """An op of any kind; ``seen``: the call as ``reuse_calls`` knows it (None: not reused)."""
         preds = self._reads(inputs)
         index = len(self._records)
-        if len(shapes) == 1:  # most ops: one output, without the loops
-            tensor = Tensor(self, f"t{next(self._names)}", shapes[0], dtypes[0], None, types[0], index)
+        if len(shapes) == 1:  # most ops: one output, without the loops (and ``Tensor.__init__``, as ``record_one``)
+            tensor = _new_tensor(Tensor)
+            tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shapes[0], dtypes[0]
+            tensor.value, tensor.entry, tensor.producer = None, types[0], index
             tensors, outputs = [tensor], [tensor.name]
             self._pending.append(weakref.ref(tensor))
         else:
