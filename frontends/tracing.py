@@ -21,7 +21,7 @@ from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.random_ops import MAYBE_NONDETERMINISTIC
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
-from autobatch.ir.records import FOLD_DOMAIN, Record
+from autobatch.ir.records import FOLD_DOMAIN, Record, new_record
 from autobatch.frontends.tensors import NO_ATTRIBUTES, Parameter, PreparedCall, Tensor, TraceError, _current, tensor_type
 
 OPSET = {"": 18}
@@ -227,8 +227,8 @@ class Tracer:
         tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
         tensor.value, tensor.entry, tensor.producer = None, vtype, index
         self._pending.append(weakref.ref(tensor))
-        self._records.append(Record(op_type, "", names, [tensor.name], attributes, [vtype], entries,
-                                    ("", op_type, attributes_id, entries), preds, self._instance))
+        self._records.append(new_record(Record, (op_type, "", names, [tensor.name], attributes, [vtype], entries,
+                                                 ("", op_type, attributes_id, entries), preds, self._instance, ())))
         return tensor
 
     def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
@@ -263,8 +263,8 @@ class Tracer:
             self._pending += map(weakref.ref, tensors)
         if seen is not None:
             self._calls[seen] = index
-        self._records.append(Record(op_type, domain, names, outputs, attributes, types, entries, key, preds,
-                                    self._instance))
+        self._records.append(new_record(Record, (op_type, domain, names, outputs, attributes, types, entries, key, preds,
+                                                 self._instance, ())))
         return tensors
 
     def _reads(self, inputs: Sequence[Tensor | None]) -> list[int]:

@@ -6,7 +6,7 @@ a node of an ONNX model read as one), and the one op of our own a record may be,
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from onnx import AttributeProto
 
@@ -17,8 +17,7 @@ FOLD_TREE = "FoldTree"
 LEAF = -1  # a leaf's entry in a tree's children matrix
 
 
-@dataclass(slots=True)
-class Record:
+class Record(NamedTuple):
     """One op to plan.
 
     ``types``: per output, its type (None: not known, or the output is not wanted).
@@ -29,6 +28,9 @@ class Record:
     once). ``captured``: for an op with subgraphs, the values they read from outside, as
     ``(name inside, name outside, type)``: the bodies keep the instance's own names while the
     batch renames its values.
+
+    A named tuple: tracing makes one a traced op, and ``new_record`` (all eleven fields, no
+    defaults applied) makes one without a call of Python code.
     """
 
     op_type: str
@@ -42,3 +44,6 @@ class Record:
     preds: list[int]
     instance: int = 0
     captured: tuple[tuple[str, str, ValueType | None], ...] = ()
+
+
+new_record = tuple.__new__  # new_record(Record, (op_type, ..., captured)): a Record, without its __new__'s Python call
