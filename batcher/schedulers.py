@@ -127,8 +127,8 @@ def level_schedule(problem: Problem) -> Schedule:
     some order (``level_groups``: the lower bound, found in bulk). Else launch a ready class
     whose ready nodes complete its lowest pending level (this never costs a launch against the
     bound). Which class among several, or when none completes, is a tie-break; each of
-    ``LEVEL_TIE_BREAKS`` is tried in turn until a schedule reaches the lower bound, else the
-    shortest one is kept."""
+    ``LEVEL_TIE_BREAKS`` is tried in turn while the launches another could save are worth more
+    than its search (``NODES_A_LAUNCH_IS_WORTH``), and the shortest schedule is kept."""
     for timing in ("level", "late_level"):  # each node as early as it can be, then as late
         grouped = level_groups(problem, getattr(problem, timing))
         if grouped is not None:
@@ -139,8 +139,8 @@ def level_schedule(problem: Problem) -> Schedule:
         schedule = _level_schedule(problem, tie_break, limit=len(best) if best is not None else None)
         if schedule is not None:  # shorter than the best so far (a longer one is abandoned early)
             best = schedule
-        if best is not None and len(best) == bound:
-            break  # nothing can do better
+        if best is not None and (len(best) - bound) * NODES_A_LAUNCH_IS_WORTH <= problem.size:
+            break  # another search would cost more than the launches it could save (none at the bound)
     assert best is not None
     return best
 
@@ -249,7 +249,14 @@ def _fewest_ready(problem: Problem) -> TieBreak:
     return lambda ready, cls, lowest, highest: (len(ready.ready_by_class[cls]), cheapest(cls))
 
 
-LEVEL_TIE_BREAKS: tuple[Callable[[Problem], TieBreak], ...] = (_agenda_rule, _most_levels_ahead, _fewest_ready)
+# In the order tried: on the benchmarks' primitive ops the fewest-ready tie-break came closest to
+# the bound on Tree-LSTMs (356 launches of a bound of 332, the agenda rule 428), the most-levels
+# one on the char tagger and the parser (907 of 852, 718 of 718; fewest-ready 1,094 and 788).
+LEVEL_TIE_BREAKS: tuple[Callable[[Problem], TieBreak], ...] = (_fewest_ready, _most_levels_ahead, _agenda_rule)
+# A launch costs about what a tie-break's search spends on this many nodes: on onnxruntime at size
+# 256 the benchmarks' schedules of fewer launches saved 14-100 us a launch, and a search costs
+# 0.6-0.9 us a node (python -m benchmarks, the primitive forms' depth and level rows).
+NODES_A_LAUNCH_IS_WORTH = 70
 
 
 SCHEDULERS: dict[str, Scheduler] = {
