@@ -8,7 +8,9 @@ record an op), as one cell call a step (a record a step), and into a bare record
 tensors whose operators append a tuple to a list: Python's floor for a recorder that keeps
 shapes). Then planning: ``--instances`` chains of such steps of different lengths traced into
 one ``Batch`` and planned as it runs them, microseconds a record (the plan's own phases,
-``BatchReport.seconds``). The fastest of ``--repeats`` runs of each.
+``BatchReport.seconds``), and the same for a minibatch of ``--instances`` examples of the
+Tree-LSTM and the BiLSTM tagger (``python -m benchmarks``' tasks at ``--size``), written with
+primitive ops and with cells. The fastest of ``--repeats`` runs of each.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import time
 import numpy as np
 
 from autobatch import Batch, Parameter, arguments, cell, ops
+from autobatch.batcher.plan import BatchReport
 from autobatch.frontends.tracing import Tracer
+from benchmarks.tasks import build
 
 
 class _Bare:
@@ -113,7 +117,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         floor = us["bare recorder, an op"]
         versus = f"{value / floor:6.1f}x the bare recorder" if "planning" not in name else ""
         print(f"  {name:32} {value:8.2f} us   {versus}")
+    print(f"planning a minibatch of {args.instances} examples (size {args.size}; fastest of {args.repeats}):")
+    for task in ("treelstm", "bilstm"):
+        for form in ("primitive", "cells"):
+            report = _planned_task(task, form, args.instances, args.size, args.repeats)
+            seconds = sum(report.seconds[phase] for phase in ("analyse", "schedule", "plan"))
+            us[f"planning {task} {form}, a record"] = seconds / report.nodes * 1e6
+            print(f"  {task} {form:10} {report.nodes:7,} records {seconds * 1e3:8.1f} ms {seconds / report.nodes * 1e6:6.2f} us "
+                  f"a record; {report.launches} launches, lower bound {report.lower_bound}")
     return us
+
+
+def _planned_task(name: str, form: str, count: int, size: int, repeats: int) -> BatchReport:
+    """The report of the fastest-planned of ``repeats`` minibatches (after a warm-up) of a task."""
+    task = build(name, count, size)
+    loss = task.functions()[form]
+    reports = []
+    for _ in range(repeats + 1):
+        with Batch() as batch:
+            batch.run([loss(example, task.params) for example in task.instances])
+        reports.append(batch.reports[-1])
+    return min(reports[1:], key=lambda report: sum(report.seconds[p] for p in ("analyse", "schedule", "plan")))
 
 
 if __name__ == "__main__":
