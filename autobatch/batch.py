@@ -67,25 +67,13 @@ class Batch(Tracer):
         self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
-        # What plans learnt of record keys, for the next run of this block (a lockstep program's
-        # rounds repeat their kinds of ops): keys name this block's parameters, so it ends with it.
-        self._known: dict = {}
-        self._attributes_keys: dict[int, tuple] = {}
-
-    def __exit__(self, kind: type | None, *rest: Any) -> None:
-        try:
-            super().__exit__(kind, *rest)
-        finally:  # entered again, the block names its parameters anew
-            self._known.clear()
-            self._attributes_keys.clear()
 
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
         """The plan that computing these pending tensors runs (its ``report`` says how it
         batches them); nothing runs, and the batch stays pending."""
         try:
             return plan_records(self._records, [t.name for t in wanted], [t.producer for t in wanted], self._weights,
-                                self._literals, self.functions, self._opsets(), self.scheduler, self._known,
-                                cache=TRACED_TEMPLATES, attributes_keys=self._attributes_keys)
+                                self._literals, self.functions, self._opsets(), self.scheduler, cache=TRACED_TEMPLATES)
         except NotFlat as why:
             raise TraceError(str(why)) from None
 

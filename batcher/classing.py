@@ -71,13 +71,12 @@ class Classing:
         return cls
 
     def _attributes_key(self, attributes: dict[str, AttributeProto]) -> tuple:
-        """``attributes_key``, once per attributes object (records share them), kept with the
-        object itself: no other attributes take its id while the key is kept (across plans, where
-        a caller keeps them: traced record keys hold an attributes' id)."""
-        known = self._attributes_keys.get(id(attributes))
-        if known is None:
-            known = self._attributes_keys[id(attributes)] = (attributes, attributes_key(attributes))
-        return known[1]
+        """``attributes_key``, once per attributes object of the plan (records share them, and
+        they live as long as the plan's records)."""
+        key = self._attributes_keys.get(id(attributes))
+        if key is None:
+            key = self._attributes_keys[id(attributes)] = attributes_key(attributes)
+        return key
 
     def _kind(self, record: Record) -> tuple[tuple, Template | str | None, tuple | None, list[tuple], str]:
         """A record's signature, its class's template, its signature without the length of its

@@ -48,19 +48,17 @@ from autobatch.ir.records import Record
 def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
                  opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None,
-                 apart: bool = False, padded: bool = True, *, cache: TemplateCache,
-                 attributes_keys: dict[int, tuple] | None = None) -> FlatPlan:
+                 apart: bool = False, padded: bool = True, *, cache: TemplateCache) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
-    learnt of record keys, for a caller whose keys (and weights) stay the same across plans;
-    ``attributes_keys`` with it where those keys hold attributes' ids (traced records).
+    learnt of record keys, for a caller whose keys (and weights) stay the same across plans.
     ``apart``: no record reads a value of another instance (``mix_records``' records), which
     makes the schedulers' levels cheap to work out, and (with ``padded``) lets the classes of
     one node of the model over instances of different shapes run padded (``batcher.padding``)."""
     cache.make_room()  # between plans, never during one
     start = time.perf_counter()
-    planner = _Planner(cache, weights, literals, functions, opsets, known, attributes_keys)
+    planner = _Planner(cache, weights, literals, functions, opsets, known)
     records, preds = _live(records, producers)
     problem = planner.sign(records, preds, apart, padded)
     analysed = time.perf_counter()
@@ -96,8 +94,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
 
 class _Planner(Classing, Layout):
     def __init__(self, cache: TemplateCache, weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray],
-                 functions: Functions, opsets: Mapping[str, int], known: dict[Hashable, tuple] | None = None,
-                 attributes_keys: dict[int, tuple] | None = None) -> None:
+                 functions: Functions, opsets: Mapping[str, int], known: dict[Hashable, tuple] | None = None) -> None:
         self.cache = cache  # templates by key, kept across plans
         self.weights = weights
         self.literals = literals
@@ -121,8 +118,7 @@ class _Planner(Classing, Layout):
         self.ragged: list[tuple | None] = []  # per class: its signature without the length of its rows
         self.one_row: list[list[tuple]] = []  # per class: its signatures as one row (``_kind``)
         self.by_shape: Counter[str] = Counter()  # "op: why" -> nodes of a model run in a class per shape
-        # id(attributes) -> (attributes, their key); kept with ``known`` where a caller keeps it
-        self._attributes_keys: dict[int, tuple] = attributes_keys if attributes_keys is not None else {}
+        self._attributes_keys: dict[int, tuple] = {}
         # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
         # across plans (``InferenceSession``: records kept per input signature), else per plan.
         self.known: dict[Hashable, tuple] = known if known is not None else {}

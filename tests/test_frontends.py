@@ -433,31 +433,3 @@ def test_reshape_to_a_shape_with_a_zero_dimension(backend: str) -> None:
         values = batch.run([*empties, full])
     assert all(v.shape == (3, 0) for v in values[:2])
     np.testing.assert_array_equal(values[2], np.arange(6, dtype=np.float32).reshape(2, 3))
-
-
-@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-def test_a_batch_entered_again_learns_its_ops_anew(backend: str) -> None:
-    """A batch keeps what its plans learnt of its ops from run to run inside a block (a lockstep
-    program's rounds), and forgets it at the end of the block: entered again, it names its
-    parameters anew. Here an LSTM's initial state is a parameter named ``H``: zeros in the first
-    block (the LSTM then packs as if it had none), another parameter of that name in the second."""
-    hidden, width = 3, 4
-    weights = [Parameter(RNG.standard_normal(shape).astype(np.float32) * 0.5)
-               for shape in ((1, 4 * hidden, width), (1, 4 * hidden, hidden), (1, 8 * hidden))]
-    starts = [Parameter(np.zeros((1, 1, hidden), np.float32), name="H"),
-              Parameter(RNG.standard_normal((1, 1, hidden)).astype(np.float32), name="H")]
-    sequences = [RNG.standard_normal((n, 1, width)).astype(np.float32) for n in (2, 5)]
-
-    def last_states(batch: Batch, start: Parameter) -> list[np.ndarray]:
-        ends = [batch.record("LSTM", [batch.constant(x), *map(batch.parameter, weights), None,
-                                      batch.parameter(start)],
-                             [(len(x), 1, 1, hidden), (1, 1, hidden)], [np.dtype(np.float32)] * 2,
-                             autobatch.frontends.tensors.attributes(hidden_size=hidden))[1] for x in sequences]
-        return [end.numpy() for end in ends]
-
-    batch = Batch(backend=backend)
-    for start in starts:
-        with batch:
-            got = last_states(batch, start)
-        with Batch(backend=backend) as fresh:
-            np.testing.assert_allclose(got, last_states(fresh, start), rtol=1e-5, atol=1e-6)
