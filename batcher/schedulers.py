@@ -161,8 +161,8 @@ def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
     _, group, counts = np.unique(key, return_inverse=True, return_counts=True)
     groups = len(counts)
     src, dst = problem.edges
+    # No edge joins two nodes of one launch: along an edge, a class's level (first or last) grows.
     between = np.unique(group[src] * groups + group[dst])
-    between = between[between // groups != between % groups]  # nodes of one launch reading each other: none
     sources, targets = between // groups, (between % groups).tolist()
     waiting = np.bincount(between % groups, minlength=groups).tolist()
     starts = np.searchsorted(sources, np.arange(groups + 1)).tolist()

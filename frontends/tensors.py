@@ -46,7 +46,9 @@ class Tensor:
 
     ``entry`` is what the value contributes to the signature of an op reading it: its name
     when every instance shares it (a parameter), else its type. ``producer`` is the index of
-    the record computing it while it is pending (-1 for none: an argument of a traced cell)."""
+    the record computing it while it is pending (-1 for none: an argument of a traced cell).
+    Tracing's hot paths (``Tracer.record_one``, ``Tracer._append``) set these slots themselves,
+    without ``__init__``: a slot added here is added there too."""
 
     __slots__ = ("batch", "name", "shape", "dtype", "value", "entry", "producer", "__weakref__")
 

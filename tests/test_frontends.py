@@ -433,3 +433,35 @@ def test_reshape_to_a_shape_with_a_zero_dimension(backend: str) -> None:
         values = batch.run([*empties, full])
     assert all(v.shape == (3, 0) for v in values[:2])
     np.testing.assert_array_equal(values[2], np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_weights_changed_in_place_between_runs_of_one_block_are_read_fresh(backend: str) -> None:
+    """Each run of a batch plans anew what its ops read: a small weight (which a template may
+    hold by value) and an LSTM's initial state (zeros: packed as if none) changed in place
+    between two runs inside one ``with`` block give the second run their new values."""
+    W = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
+    bias = Parameter(RNG.standard_normal(4).astype(np.float32))
+    hidden = 3
+    lstm = [Parameter(RNG.standard_normal(shape).astype(np.float32) * 0.5)
+            for shape in ((1, 4 * hidden, 4), (1, 4 * hidden, hidden), (1, 8 * hidden))]
+    start = Parameter(np.zeros((1, 1, hidden), np.float32))
+    xs = [RNG.standard_normal((n, 4)).astype(np.float32) for n in (2, 5)]
+
+    def last_state(batch: Batch, x: np.ndarray) -> autobatch.Tensor:
+        inputs = [batch.constant(x[:, None]), *map(batch.parameter, lstm), None, batch.parameter(start)]
+        return batch.record("LSTM", inputs, [(len(x), 1, 1, hidden), (1, 1, hidden)], [np.dtype(np.float32)] * 2,
+                            autobatch.frontends.tensors.attributes(hidden_size=hidden))[1]
+
+    with Batch(backend=backend) as batch:
+        for _ in range(2):
+            dense = [ops.tanh(ops.add(ops.matmul(batch.constant(x), W), bias)).numpy() for x in xs]
+            for got, x in zip(dense, xs):
+                np.testing.assert_allclose(got, np.tanh(x @ W.array + bias.array), rtol=1e-5, atol=1e-6)
+            ends = [last_state(batch, x) for x in xs]
+            with Batch(backend=backend) as alone:  # each sequence alone, in a batch of its own
+                want = [last_state(alone, x).numpy() for x in xs]
+            np.testing.assert_allclose([end.numpy() for end in ends], want, rtol=1e-5, atol=1e-6)
+            W.array *= 2
+            bias.array += 1
+            start.array += 0.5
