@@ -201,24 +201,25 @@ class Tracer:
         domain, deterministic (not in ``MAYBE_NONDETERMINISTIC``), every input given, one output."""
         attributes = attrs or NO_ATTRIBUTES
         attributes_id = id(attributes)
-        names = [tensor.name for tensor in inputs]
-        vtype = tensor_type(dtype, shape)
-        seen = None
-        if self.reuse_calls:
-            seen = (op_type, "", attributes_id, *names)  # as ``record`` makes it: either may reuse the other's
-            if seen in self._calls:
-                return self._outputs_again(seen, (shape,), (dtype,), [vtype])[0]
+        names = []
         preds = []
         entries = []
-        for tensor in inputs:  # ``_reads`` and the entries in one loop: this runs for every traced op
+        for tensor in inputs:  # names, ``_reads`` and the entries in one loop: this runs for every traced op
+            names.append(tensor.name)
             entries.append(tensor.entry)
             if tensor.value is None:
                 if tensor.producer >= 0:
                     preds.append(tensor.producer)
                 else:
                     self._reads((tensor,))  # an argument of a traced cell, or discarded (which raises)
-            elif type(tensor.entry) is not str:
+            elif type(tensor.entry) is not str:  # a reused call's are known already: no harm
                 self._literals[tensor.name] = tensor.value
+        vtype = tensor_type(dtype, shape)
+        seen = None
+        if self.reuse_calls:
+            seen = (op_type, "", attributes_id, *names)  # as ``record`` makes it: either may reuse the other's
+            if seen in self._calls:
+                return self._outputs_again(seen, (shape,), (dtype,), [vtype])[0]
         entries = tuple(entries)
         index = len(self._records)
         if seen is not None:
