@@ -4,11 +4,13 @@ group holding nodes of one signature class whose dependencies all lie in earlier
 - ``depth``: group by (topological generation, class).
 - ``agenda``: DyNet's heuristic: a ready unbatchable node first, else the ready class with the
   lowest average depth over the whole graph (ties go to cheaper ops).
-- ``level`` (ours): prefer a ready class whose ready nodes include *every* remaining node of
-  its lowest pending level (launching it now cannot cost a later launch: the lower bound is
-  kept); three tie-breaks are tried in turn (the agenda rule, the most levels still ahead, the
-  fewest ready nodes) until one reaches the lower bound, else the shortest schedule is kept.
-  On trees and chains this reaches or nears the lower bound where depth and agenda over-split.
+- ``level`` (ours): a launch per class and level, in bulk, where those launches can run in
+  some order (each node at its first level, else at its last: the lower bound itself). Else
+  prefer a ready class whose ready nodes include *every* remaining node of its lowest pending
+  level (launching it now cannot cost a later launch: the lower bound is kept); tie-breaks (the
+  fewest ready nodes, the most levels still ahead, the agenda rule) are tried in turn while
+  another could save launches worth its search, and the shortest schedule is kept. On trees
+  and chains this reaches or nears the lower bound where depth and agenda over-split.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
     starts = np.searchsorted(sources, np.arange(groups + 1)).tolist()
     nodes = np.argsort(group, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(counts)))
-    # Among the launches ready, the one whose nodes start shallowest (then by class): in order of depth.
+    # Among the launches ready, the one whose nodes start shallowest (then by class and level).
     first_depth = np.minimum.reduceat(problem.depth[nodes], bounds[:-1]).tolist()
     ready = [(first_depth[g], g) for g in range(groups) if waiting[g] == 0]
     heapq.heapify(ready)
