@@ -201,19 +201,26 @@ def _levels(edges: tuple[np.ndarray, np.ndarray], sig: np.ndarray, n_classes: in
     src, dst = edges
     by_dst_depth = np.argsort(depth[dst], kind="stable")
     src, dst = src[by_dst_depth], dst[by_dst_depth]
-    edge_bounds = np.searchsorted(depth[dst], np.arange(int(depth.max()) + 2))
-    nodes = np.argsort(depth, kind="stable")
-    node_bounds = np.searchsorted(depth[nodes], np.arange(int(depth.max()) + 2))
+    generations = int(depth.max()) + 1
+    # Worked out once for all generations (the loop below runs one a generation: hundreds on chains).
+    edge_bounds = np.searchsorted(depth[dst], np.arange(generations + 1))
+    runs = np.flatnonzero(np.concatenate(([True], dst[1:] != dst[:-1])))  # where a node's edges start
+    run_bounds = np.searchsorted(runs, edge_bounds).tolist()
+    edge_bounds = edge_bounds.tolist()
     batchable = sig != UNBATCHABLE
-    for g in range(int(depth.max()) + 1):
+    members = np.flatnonzero(batchable)
+    members = members[np.argsort(depth[members], kind="stable")]
+    member_bounds = np.searchsorted(depth[members], np.arange(generations + 1)).tolist()
+    member_sig = sig[members]
+    for g in range(generations):
         lo, hi = edge_bounds[g], edge_bounds[g + 1]
-        if hi > lo:  # each node's row: the maximum over its predecessors' rows (edges grouped by node)
-            targets = dst[lo:hi]
-            starts = np.flatnonzero(np.concatenate(([True], targets[1:] != targets[:-1])))
-            best[targets[starts]] = np.maximum.reduceat(best[src[lo:hi]], starts, axis=0)
-        members = nodes[node_bounds[g]:node_bounds[g + 1]]
-        members = members[batchable[members]]
-        best[members, sig[members]] += 1
+        first, last = run_bounds[g], run_bounds[g + 1]
+        if last - first == hi - lo:  # one edge a node (or none): its predecessor's row
+            best[dst[lo:hi]] = best[src[lo:hi]]
+        else:  # each node's row: the maximum over its predecessors' rows
+            best[dst[runs[first:last]]] = np.maximum.reduceat(best[src[lo:hi]], runs[first:last] - lo, axis=0)
+        m0, m1 = member_bounds[g], member_bounds[g + 1]
+        best[members[m0:m1], member_sig[m0:m1]] += 1
     level = np.zeros(n, dtype=np.int64)
     level[batchable] = best[np.flatnonzero(batchable), sig[batchable]]
     return level

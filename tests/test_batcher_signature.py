@@ -501,3 +501,35 @@ def test_the_level_scheduler_searches_again_only_where_launches_could_pay_for_it
     check_valid(small, schedule)
     assert len(searches) == 3 and len(schedule) == min(len(search(small, tie_break)) for tie_break in LEVEL_TIE_BREAKS)
     assert len(schedule) < len(search(small, LEVEL_TIE_BREAKS[0]))  # the last search paid for itself
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_levels_first_and_last_equal_their_definitions_on_random_dags(seed: int) -> None:
+    """``Problem.level``: the most nodes of a node's class on a path ending at it; ``late_level``:
+    its class's highest level, less the most on a path starting at it, plus one. Both against a
+    plain DP over nodes, on random DAGs with repeated reads and unbatchable nodes."""
+    rng = random.Random(seed)
+    for _ in range(75):
+        n, classes = rng.randint(1, 40), rng.randint(1, 4)
+        preds = [sorted(rng.sample(range(i), rng.randint(0, min(i, 3)))) + ([rng.randrange(i)] if i and rng.random() < 0.1
+                                                                            else []) for i in range(n)]
+        sig = [rng.randrange(UNBATCHABLE, classes) for _ in range(n)]
+        ending = [[0] * classes for _ in range(n)]  # per node and class: the most of that class on a path ending here
+        for i in range(n):
+            for p in preds[i]:
+                ending[i] = [max(a, b) for a, b in zip(ending[i], ending[p])]
+            if sig[i] != UNBATCHABLE:
+                ending[i][sig[i]] += 1
+        starting = [[0] * classes for _ in range(n)]  # ... on a path starting here
+        for i in reversed(range(n)):
+            if sig[i] != UNBATCHABLE:
+                starting[i][sig[i]] += 1
+            for p in preds[i]:
+                starting[p] = [max(a, b) for a, b in zip(starting[p], starting[i])]
+        level = [ending[i][c] if c != UNBATCHABLE else 0 for i, c in enumerate(sig)]
+        highest = [max([level[i] for i in range(n) if sig[i] == c], default=0) for c in range(classes)]
+        late = [highest[c] - starting[i][c] + 1 if c != UNBATCHABLE else 0 for i, c in enumerate(sig)]
+        problem = problem_from(list(range(n)), np.array(sig, dtype=np.int64), preds,
+                               [("", f"op{c}") for c in range(classes)])
+        assert problem.level.tolist() == level
+        assert problem.late_level.tolist() == late
