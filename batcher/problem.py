@@ -49,11 +49,12 @@ class Problem:
     @property
     def succs(self) -> list[list[int]]:
         """Per node, the nodes that read it (only the agenda-style schedulers walk them)."""
-        if self._succs is None:
-            self._succs = [[] for _ in self.node_ids]
-            for v, ps in enumerate(self.preds):
-                for u in ps:
-                    self._succs[u].append(v)
+        if self._succs is None:  # the edges by source (stably: readers ascending), cut a node at a time
+            src, dst = self.edges
+            by_source = np.argsort(src, kind="stable")
+            readers = dst[by_source].tolist()
+            bounds = np.searchsorted(src[by_source], np.arange(self.size + 1)).tolist()
+            self._succs = [readers[bounds[i]:bounds[i + 1]] for i in range(self.size)]
         return self._succs
 
     @property
