@@ -83,8 +83,7 @@ class Problem:
             # Generations backwards: a node's readers are all in later generations than its own.
             ahead = _levels((dst[by_source], src[by_source]), self.sig, len(self.classes),
                             self.depth.max(initial=0) - self.depth, self.parts)
-            highest = np.zeros(len(self.classes), dtype=np.int64)
-            np.maximum.at(highest, self.sig[batchable], self.level[batchable])
+            highest = _highest_levels(self.sig, self.level, len(self.classes))
             self._late_level = np.where(batchable, highest[np.where(batchable, self.sig, 0)] - ahead + 1, 0)
         return self._late_level
 
@@ -102,13 +101,15 @@ class Problem:
 
 
 def _lower_bound(sig: np.ndarray, level: np.ndarray, classes: int) -> int:
-    unbatchable = int(np.count_nonzero(sig == UNBATCHABLE))
+    return int(np.count_nonzero(sig == UNBATCHABLE)) + int(_highest_levels(sig, level, classes).sum())
+
+
+def _highest_levels(sig: np.ndarray, level: np.ndarray, classes: int) -> np.ndarray:
+    """Per class, its highest level: the most of its nodes on one path."""
     batchable = sig != UNBATCHABLE
-    if not batchable.any():
-        return unbatchable
-    per_class = np.zeros(classes, dtype=np.int64)
-    np.maximum.at(per_class, sig[batchable], level[batchable])
-    return unbatchable + int(per_class.sum())
+    highest = np.zeros(classes, dtype=np.int64)
+    np.maximum.at(highest, sig[batchable], level[batchable])
+    return highest
 
 
 def build_problem(graph: Graph, class_check: Callable[[Node], bool] | None = None,

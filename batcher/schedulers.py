@@ -131,8 +131,8 @@ def level_schedule(problem: Problem) -> Schedule:
     bound). Which class among several, or when none completes, is a tie-break; each of
     ``LEVEL_TIE_BREAKS`` is tried in turn while the launches another could save are worth more
     than its search (``NODES_A_LAUNCH_IS_WORTH``), and the shortest schedule is kept."""
-    for timing in ("level", "late_level"):  # each node as early as it can be, then as late
-        grouped = level_groups(problem, getattr(problem, timing))
+    for levels in (lambda: problem.level, lambda: problem.late_level):  # each node as early as it can be, then as late
+        grouped = level_groups(problem, levels())
         if grouped is not None:
             return grouped
     bound = problem.lower_bound()
