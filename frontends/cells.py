@@ -56,10 +56,16 @@ class Cell:
 
     def __call__(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
         batch = _batch_of(*args)
-        tensors = [a if type(a) is Tensor and a.batch is batch else batch.as_tensor(a) for a in args]
+        tensors = []
         # Keyed by the entries' ids, which hash in C (a type's hash is Python code): the call
         # holds its entries, so no other object takes their ids while it is kept.
-        key = (self, *[id(t.entry) for t in tensors])
+        key = [self]
+        for a in args:  # one loop: this runs for every cell call
+            if type(a) is not Tensor or a.batch is not batch:
+                a = batch.as_tensor(a)
+            tensors.append(a)
+            key.append(id(a.entry))
+        key = tuple(key)
         call = batch.cell_calls.get(key)
         if call is None:  # the first call in this batch with these kinds of operands
             call = batch.cell_calls[key] = self._prepare(batch, tensors, tuple([t.entry for t in tensors]))
