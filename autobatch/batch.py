@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,9 +24,11 @@ from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tensors import Tensor, TraceError
 from autobatch.frontends.tracing import OPSET, Tracer
+from autobatch.ir import Recent
 from autobatch.executors import flat_executor, shared_ort_settings
 
 log = logging.getLogger("autobatch")
+KEYS_KEPT = 65536  # what a block's plans learnt of record keys (``Batch.plan``)
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.
@@ -67,13 +69,26 @@ class Batch(Tracer):
         self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
+        # What this block's plans learnt of record keys (``plan_records``), for the next plan
+        # (a lockstep round like the last). A key names its weights, not their values, so
+        # this holds only while every weight is read-only (``frozen_weights``); a block
+        # entered again may give a name to another weight: emptied when the block ends.
+        self._known_keys: Recent = Recent(KEYS_KEPT)
+
+    def __exit__(self, kind: type | None, *rest: Any) -> None:
+        try:
+            super().__exit__(kind, *rest)
+        finally:
+            self._known_keys.clear()
 
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
         """The plan that computing these pending tensors runs (its ``report`` says how it
         batches them); nothing runs, and the batch stays pending."""
         try:
+            known = self._known_keys if frozen_weights(self._weights) else None
             return plan_records(self._records, [t.name for t in wanted], [t.producer for t in wanted], self._weights,
-                                self._literals, self.functions, self._opsets(), self.scheduler, cache=TRACED_TEMPLATES)
+                                self._literals, self.functions, self._opsets(), self.scheduler, known,
+                                cache=TRACED_TEMPLATES)
         except NotFlat as why:
             raise TraceError(str(why)) from None
 
@@ -130,6 +145,12 @@ class Batch(Tracer):
                 return whole
         log.info("a traced batch's plan runs step by step: %s", why)
         return None
+
+
+def frozen_weights(weights: Mapping[str, np.ndarray]) -> bool:
+    """Whether no weight can change in place: each read-only and holding its own data
+    (``Parameter.freeze``, and the tracer's shared constants), not a view of data that may."""
+    return all(not array.flags.writeable and array.base is None for array in weights.values())
 
 
 def run_programs(fn: Callable[[Any], Coroutine[Any, Any, Any]], inputs: Sequence[Any], backend: str = "numpy",

@@ -143,7 +143,9 @@ class Tracer:
         name = self._shared.get(key)
         if name is None:
             name = self._shared[key] = f"k{len(self._shared)}"
-            self._weights[name] = array
+            self._weights[name] = array.copy()  # its own, read-only: it is named by these values
+            self._weights[name].flags.writeable = False
+        array = self._weights[name]
         return Tensor(self, name, array.shape, array.dtype, array, entry=name)
 
     def parameter(self, parameter: Parameter) -> Tensor:

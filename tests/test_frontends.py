@@ -465,3 +465,52 @@ def test_weights_changed_in_place_between_runs_of_one_block_are_read_fresh(backe
             W.array *= 2
             bias.array += 1
             start.array += 0.5
+
+
+def _counting_kinds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many records' kinds the planner works out (``Classing._kind``, which still runs)."""
+    from autobatch.batcher.classing import Classing
+    worked_out = [0]
+    kind = Classing._kind
+
+    def counted(self, record):  # type: ignore[no-untyped-def]
+        worked_out[0] += 1
+        return kind(self, record)
+
+    monkeypatch.setattr(Classing, "_kind", counted)
+    return worked_out
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_block_plans_with_what_its_earlier_plans_learnt_only_while_its_weights_are_frozen(
+        monkeypatch: pytest.MonkeyPatch, frozen: bool) -> None:
+    """Lockstep rounds plan one after another in one block: with every weight read-only, a
+    record key seen by an earlier plan is not worked out again; with a weight that may change
+    in place, every plan works out its own (``test_weights_changed_in_place...`` shows why)."""
+    weight = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
+    bias = Parameter(RNG.standard_normal(4).astype(np.float32))
+    if frozen:
+        weight.freeze(), bias.freeze()
+    worked_out = _counting_kinds(monkeypatch)
+    xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
+    with Batch() as batch:
+        rounds = []
+        for _ in range(2):
+            before = worked_out[0]
+            got = [ops.tanh(ops.add(ops.matmul(batch.constant(x), weight), bias)).numpy() for x in xs]
+            rounds.append(worked_out[0] - before)
+    np.testing.assert_allclose(got, np.tanh(np.array(xs) @ weight.array + bias.array), rtol=1e-5, atol=1e-6)
+    assert rounds[0] > 0
+    assert rounds[1] == (0 if frozen else rounds[0])
+
+
+def test_a_block_entered_again_does_not_read_what_it_learnt_of_another_weight_of_that_name() -> None:
+    """A parameter's value in a batch is named by its name and its order in the block: entered
+    again, the block may give that name to another (frozen) weight, whose values its plans read."""
+    first, second = (Parameter(RNG.standard_normal(4).astype(np.float32), name="bias").freeze() for _ in range(2))
+    x = RNG.standard_normal(4).astype(np.float32)
+    batch = Batch()
+    for bias in (first, second):
+        with batch:
+            got = ops.add(batch.constant(x), bias).numpy()
+        np.testing.assert_array_equal(got, x + bias.array)
