@@ -58,8 +58,10 @@ class Classing:
         """The class of a record's signature, made (with its template) when new."""
         known = self.known.get(record.key)
         if known is None:
-            known = self.known[record.key] = self._kind(record)
-        signature, template, ragged, one_row, _ = known
+            # The record's attributes too: a traced record's key holds them by id, and what is
+            # learnt may outlive the record (``known``), so no attributes made later take that id.
+            known = self.known[record.key] = (*self._kind(record), record.attributes)
+        signature, template, ragged, one_row, _, _ = known
         cls = self.class_of.get(signature)
         if cls is None:
             cls = self.class_of[signature] = len(self.classes)

@@ -514,3 +514,18 @@ def test_a_block_entered_again_does_not_read_what_it_learnt_of_another_weight_of
         with batch:
             got = ops.add(batch.constant(x), bias).numpy()
         np.testing.assert_array_equal(got, x + bias.array)
+
+
+def test_a_block_learns_nothing_of_attributes_gone_whose_id_others_take() -> None:
+    """A traced record's key holds its attributes by id. What a block's plans learnt of a key
+    keeps those attributes alive, so that attributes made later (here, ``axis`` 1 after
+    ``axis`` 0, each a dict of its own, freed once run) never take the id of what was learnt."""
+    from onnx import helper
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    with Batch() as batch:
+        for axis in (0, 1) * 3:  # without the learnt keeping them alive, CPython gave each dict the last one's id
+            attrs = {"axis": helper.make_attribute("axis", axis)}
+            result = batch.record("Softmax", [batch.constant(x)], [x.shape], [np.dtype(np.float32)], attrs)[0]
+            del attrs
+            want = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
+            np.testing.assert_allclose(result.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"axis {axis}")
