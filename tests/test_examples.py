@@ -175,6 +175,16 @@ def test_parser_batched_equals_alone(parses, form):
     assert len({tuple(p.transitions) for p in together}) > 1 or len({len(s) for s in parses["sentences"]}) == 1
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("form", list(parser.PARSERS))
+def test_parser_with_frozen_weights_parses_as_alone(parses, form, backend):
+    """Frozen weights let each lockstep round plan with what the rounds before it learnt
+    (``Batch.plan``): the parses stay those of each sentence alone."""
+    params = _parser_params(parses["sentences"]).freeze()
+    fn = parser.PARSERS[form]
+    assert run_programs(lambda s: fn(s, params), parses["sentences"], backend=backend) == parses[form, "alone"]
+
+
 def test_parser_forms_parse_alike(parses):
     assert parses["primitive", "batched"] == parses["cells", "batched"] == parses["sequences", "batched"]
 
