@@ -529,3 +529,50 @@ def test_a_block_learns_nothing_of_attributes_gone_whose_id_others_take() -> Non
             del attrs
             want = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
             np.testing.assert_allclose(result.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"axis {axis}")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("seed", range(6))
+def test_lockstep_rounds_over_frozen_weights_equal_each_instance_alone(backend: str, seed: int) -> None:
+    """Random lockstep programs over frozen weights, small (held by value in templates) and
+    large: each round an instance picks its next op by its own last value, so rounds mix ops,
+    widths and attributes, and each round plans with what the rounds before learnt
+    (``Batch.plan``). Every instance's values equal its program run alone."""
+    rng = np.random.default_rng(seed)
+    widths = (3, 6)  # a concat of two 3-wide values is 6 wide
+    weights = {(a, b): Parameter(rng.standard_normal((a, b)).astype(np.float32) * 0.5).freeze()
+               for a in widths for b in widths}
+    biases = {w: Parameter(rng.standard_normal(w).astype(np.float32)).freeze() for w in widths}
+    moves = ["matmul", "bias", "tanh", "softmax", "scale", "concat"]
+
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        x, seen = ops.add(start, np.float32(0.0)), []
+        for step in range(int(start[0] * 3) % 4 + 3):
+            value = await x
+            seen.append(value)
+            move = moves[int(abs(value.sum()) * 1000 + step) % len(moves)]
+            width = value.shape[0]
+            if move == "matmul":
+                x = ops.matmul(x, weights[width, widths[int(value[0] > 0)]])
+            elif move == "bias":
+                x = ops.add(x, biases[width])
+            elif move == "tanh":
+                x = ops.tanh(x)
+            elif move == "softmax":
+                x = ops.softmax(ops.reshape(x, (1, width)), axis=-1 if value[-1] > 0 else 0)
+                x = ops.reshape(x, (width,))
+            elif move == "scale":
+                x = ops.mul(x, np.float32(1.5))
+            else:
+                x = ops.concat([x, x]) if width == 3 else ops.matmul(x, weights[width, 3])
+        seen.append(await x)
+        return seen
+
+    starts = [rng.standard_normal(widths[k % 2]).astype(np.float32) for k in range(7)]
+    together = run_programs(program, starts, backend=backend)
+    assert not any(isinstance(got, ProgramFailure) for got in together), [str(got) for got in together]
+    for start, got in zip(starts, together):
+        alone = run_programs(program, [start], backend=backend)[0]
+        assert len(got) == len(alone)
+        for a, b in zip(got, alone):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
