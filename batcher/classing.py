@@ -5,6 +5,7 @@ planner."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
@@ -88,25 +89,39 @@ class Classing:
         that is not asked: a record run alone, a sum of terms). The template of a row-wise
         record is ``_MERGED_OR_NOT`` until its class is known to be merged or not."""
         signature = self._sum_key(record)
-        attributes = self._attributes_key(record.attributes)
-        if signature is None:
-            signature = (record.domain, record.op_type, attributes, record.entries, tuple(map(bool, record.outputs)))
-            loose = _loose_reason(record)
-            if loose is not None:  # one member at a time, its values as they are
-                captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
-                return (*signature, captured), self._template(record, None, solo=loose), None, [], ""
-        if signature[2] == SUM_OF_TERMS:
+        if signature is not None:
             # No template, and no ragged signature: the class takes any number of terms, so one
             # member's (its terms counted) would not hold for the others.
             return signature, None, None, [], ""
+        attributes = self._attributes_key(record.attributes)
+        signature = (record.domain, record.op_type, attributes, record.entries, tuple(map(bool, record.outputs)))
+        length_free = _length_free_key(record, attributes)
+        rows = self.rows_of_kinds.get(length_free) if length_free is not None else None
+        if rows is None:
+            rows = self._rows_of(record, attributes)
+            if length_free is not None:
+                self.rows_of_kinds[length_free] = rows
+        loose, ragged, not_row_wise, one_row = rows
+        if loose is not None:  # one member at a time, its values as they are
+            captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
+            return (*signature, captured), self._template(record, None, solo=loose), None, [], ""
+        template = _MERGED_OR_NOT if ragged is not None or one_row else self._own_template(record)
+        return signature, template, ragged, one_row, not_row_wise
+
+    def _rows_of(self, record: Record, attributes: tuple) -> tuple[str | None, tuple | None, str, list[tuple]]:
+        """What ``_kind`` asks of a record's values: why they are loose (None: they are not),
+        and else its signature without the length of its rows where its op is row-wise, why
+        not, and its signatures as values of one row."""
+        loose = _loose_reason(record)
+        if loose is not None:
+            return loose, None, "", []
         opset = self.opsets.get("", 1)
         found = ragged_signature(record, self.weights, opset, attributes)
         ragged, not_row_wise = (None, found.reason) if isinstance(found, Refusal) else (found, "")
         one_row = []
         if ragged is None or ragged[0] in ("ragged", "reshape"):
             one_row = [other for other in one_row_signatures(record, self.weights, opset, attributes) if other != ragged]
-        template = _MERGED_OR_NOT if ragged is not None or one_row else self._own_template(record)
-        return signature, template, ragged, one_row, not_row_wise
+        return None, ragged, not_row_wise, one_row
 
     def _own_template(self, record: Record) -> Template | str:
         """The template of a record's own class: its rule's, else the op for one member at a time."""
@@ -356,6 +371,26 @@ class Classing:
                 specs.append(("w", dtype, array.shape))
         return tuple(specs), baked
 
+
+
+def _length_free_key(record: Record, attributes: tuple) -> tuple | None:
+    """What ``_rows_of`` says of a record depends on its values' leading sizes only through which
+    are 0, which 1 and which equal one another (``batcher.ragged``: rows run along the first axis
+    that is not 1; a row-wise op keeps their number; a value is loose or not whatever its static
+    sizes): a key with each leading size of 2 or more
+    replaced by the order it first appears in, so that the records of every length of a
+    sentence's op share one answer. None for a record that reads values of subgraphs."""
+    if record.captured:
+        return None
+    labels: dict[int, int] = {}
+
+    def free(vtype: Any) -> Any:
+        if type(vtype) is not ValueType or not vtype.shape or type(vtype.shape[0]) is not int or vtype.shape[0] < 2:
+            return vtype
+        return vtype.elem_type, labels.setdefault(vtype.shape[0], len(labels)), vtype.shape[1:]
+
+    return (record.domain, record.op_type, attributes, tuple(map(free, record.entries)), tuple(map(free, record.types)),
+            tuple(map(bool, record.outputs)))
 
 
 def _loose_reason(record: Record) -> str | None:

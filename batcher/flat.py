@@ -122,6 +122,8 @@ class _Planner(Classing, Layout):
         # record key -> what ``_kind`` says of it: given by the caller when its keys stay valid
         # across plans (``InferenceSession``: records kept per input signature), else per plan.
         self.known: dict[Hashable, tuple] = known if known is not None else {}
+        # a record's rows, by its key without their length (``classing._length_free_key``)
+        self.rows_of_kinds: dict[tuple, tuple] = {}
 
 
 def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence[Record], list[list[int]]]:

@@ -259,3 +259,36 @@ def test_a_transpose_that_moves_rows_past_other_axes_is_not_a_reshape(backend):
     assert_equal_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in LENGTHS])
     assert session.stats.report.launches_by_op["Transpose"] == 1
     assert session.stats.report.launches == 2
+
+
+def test_records_of_every_length_share_what_their_rows_say_only_where_it_is_the_same() -> None:
+    """The planner works out a record's rows once for the records of every length of one op
+    (``classing._length_free_key``). For traced ops over values of many lengths (1 and 2
+    included, leading 1s, square values, rows doubled by a concat, reshapes, sequences), each
+    record's kind is the one a planner that has seen no other record works out."""
+    from autobatch.batcher.flat import _Planner
+    from autobatch.batcher.plan import TemplateCache
+    rng = np.random.default_rng(0)
+    W = Parameter(rng.standard_normal((4, 4)).astype(np.float32))
+    lstm = [Parameter(rng.standard_normal(shape).astype(np.float32)) for shape in ((1, 12, 4), (1, 12, 3), (1, 24))]
+    with Batch() as batch:
+        for n in (1, 2, 3, 4, 5, 8, 2, 16):
+            x = batch.constant(rng.standard_normal((n, 4)).astype(np.float32))
+            h = ops.tanh(ops.add(ops.matmul(x, W), np.float32(1.0)))
+            ops.softmax(h, axis=0), ops.softmax(h), ops.concat([h, x]), ops.concat([h, x], axis=1)
+            ops.matmul(h, ops.transpose(x)), ops.reshape(h, (1, n, 4)), ops.reshape(h, (n * 4,))
+            ops.reduce_sum(h, axis=0), ops.reduce_sum(h, axis=1), ops.index(h, 0)
+            ops.softmax(ops.reshape(h, (1, n, 4)), axis=1), ops.lstm(h, *lstm)
+            ops.lookup(W, rng.integers(0, 4, n).tolist())
+            longer = batch.constant(rng.standard_normal((n + 1, 4)).astype(np.float32))
+            ops.concat([h, longer]), ops.concat([x, h])  # rows of two lengths, and of one, made twice as many
+        records = list(batch._records)
+        cache, opsets = TemplateCache(), batch._opsets()
+        shared = _Planner(cache, batch._weights, batch._literals, batch.functions, opsets)
+        kinds = [shared._kind(record) for record in records]
+        alone = [_Planner(cache, batch._weights, batch._literals, batch.functions, opsets)._kind(record)
+                 for record in records]
+        batch.discard()
+    for record, got, want in zip(records, kinds, alone):
+        assert got == want, (record.op_type, [getattr(e, "shape", e) for e in record.entries])
+    assert len(shared.rows_of_kinds) < len(records) / 2  # lengths did share (square values, reshapes to n * 4 did not)
