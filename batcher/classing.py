@@ -58,11 +58,13 @@ class Classing:
     def _class(self, record: Record) -> int:
         """The class of a record's signature, made (with its template) when new."""
         known = self.known.get(record.key)
-        if known is None:
-            # The record's attributes too: a traced record's key holds them by id, and what is
-            # learnt may outlive the record (``known``), so no attributes made later take that id.
-            known = self.known[record.key] = (*self._kind(record), record.attributes)
-        signature, template, ragged, one_row, _, _ = known
+        attributes = self._attributes_key(record.attributes)
+        if known is None or known[6] != attributes:
+            # The record's attributes too, and what they said: a traced record's key holds them
+            # by id, and what is learnt may outlive the record (``known``). Kept alive, no
+            # attributes made later take that id; a caller may still change them in place.
+            known = self.known[record.key] = (*self._kind(record), record.attributes, attributes)
+        signature, template, ragged, one_row, _, _, _ = known
         cls = self.class_of.get(signature)
         if cls is None:
             cls = self.class_of[signature] = len(self.classes)
@@ -99,8 +101,8 @@ class Classing:
         rows = self.rows_of_kinds.get(length_free) if length_free is not None else None
         if rows is None:
             rows = self._rows_of(record, attributes)
-            if length_free is not None:
-                self.rows_of_kinds[length_free] = rows
+            if length_free is not None and rows[1] is not None:  # row-wise: a refusal's or loose value's
+                self.rows_of_kinds[length_free] = rows           # words may name the sizes that differ
         loose, ragged, not_row_wise, one_row = rows
         if loose is not None:  # one member at a time, its values as they are
             captured = tuple((inside, vtype) for inside, _, vtype in record.captured)

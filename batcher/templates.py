@@ -104,8 +104,12 @@ def _template_inputs(graph: Graph, specs: tuple, baked: dict[int, np.ndarray], b
             graph.add_input(f"w{i}", ValueType.tensor(spec[1], spec[2]))
             operands.append(Operand(f"w{i}", False, spec[2]))
         else:
-            graph.add_initializer(f"k{i}", baked[i])
-            operands.append(Operand(f"k{i}", False, spec[2], baked[i]))
+            # A copy of its own: the template is kept by these bytes (``spec``), and the weight
+            # it came from may change in place later (another weight of these bytes reads it).
+            value = np.array(baked[i], copy=True)
+            value.flags.writeable = False
+            graph.add_initializer(f"k{i}", value)
+            operands.append(Operand(f"k{i}", False, spec[2], value))
     return operands
 
 

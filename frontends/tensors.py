@@ -110,9 +110,11 @@ class Parameter:
     def freeze(self) -> Parameter:
         """Make the values read-only, for inference: onnxruntime templates then bake this weight
         in from its second run on, even where a run reads it once, and never compare it with a
-        copy (``backends.baked_weights``). Writing to it raises; assign ``array`` to change it."""
-        if self.array.base is not None:  # a view: whatever it views could still change it
-            self.array = self.array.copy()
+        copy (``backends.baked_weights``), and a traced block plans each run with what its
+        earlier runs learnt (``Batch.plan``). The values become a copy of their own, so that no
+        view made before can write to them. Writing to it raises; assign ``array`` to change it
+        (setting it writeable again breaks this promise: what was learnt of it may be stale)."""
+        self.array = self.array.copy()
         self.array.flags.writeable = False
         return self
 

@@ -89,7 +89,9 @@ class Tracer:
         finally:
             # The memos' tensors refer back to this batch: a cycle that kept it, and its plan,
             # alive for the collector. They only save records: a batch entered again makes new ones.
-            for memo in (self._parameters, self._scalars, self._rows):
+            # Its cell calls go too: they name this block's parameters' values, and a block
+            # entered again names them anew (a parameter's array may have been assigned since).
+            for memo in (self._parameters, self._scalars, self._rows, self.cell_calls, self.cell_parameters):
                 memo.clear()
             self._gc.__exit__(None, None, None)
 

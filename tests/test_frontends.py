@@ -576,3 +576,83 @@ def test_lockstep_rounds_over_frozen_weights_equal_each_instance_alone(backend: 
         assert len(got) == len(alone)
         for a, b in zip(got, alone):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_an_attributes_dict_changed_in_place_between_runs_of_one_block(backend: str) -> None:
+    """What a block's plans learnt of a record key (its attributes by id) holds only while the
+    attributes say what they said: one dict told another axis between runs is read anew."""
+    from onnx import helper
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    attrs = {"axis": helper.make_attribute("axis", 0)}
+    with Batch(backend=backend) as batch:
+        for axis in (0, 1):
+            attrs["axis"] = helper.make_attribute("axis", axis)
+            got = batch.record("Softmax", [batch.constant(x)], [x.shape], [np.dtype(np.float32)], attrs)[0].numpy()
+            want = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"axis {axis}")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_view_made_before_freezing_does_not_write_the_frozen_weight(backend: str) -> None:
+    """``Parameter.freeze`` keeps a copy of its own: a view of the array made before cannot
+    change what a frozen weight's plans read (nor go stale in what they learnt)."""
+    array = np.arange(4, dtype=np.float32)
+    alias = array[:]
+    bias = Parameter(array).freeze()
+    x = np.ones(4, np.float32)
+    with Batch(backend=backend) as batch:
+        first = ops.add(batch.constant(x), bias).numpy()
+        alias += 10
+        second = ops.add(batch.constant(x), bias).numpy()
+    np.testing.assert_array_equal(first, x + np.arange(4))
+    np.testing.assert_array_equal(second, x + np.arange(4))
+    np.testing.assert_array_equal(bias.array, np.arange(4))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_template_baked_from_one_weight_serves_another_of_those_values_after_the_first_changes(
+        backend: str) -> None:
+    """Templates are kept by the bytes of the small weights they bake (across batches): two
+    biases start at zeros, the first is trained in place after its block, and a block reading
+    the second (still zeros) adds zeros (a reviewer's case: the template held the first's array)."""
+    first, second = (Parameter(np.zeros(4, np.float32)) for _ in range(2))
+    x = np.ones(4, np.float32)
+    with Batch(backend=backend) as batch:
+        np.testing.assert_array_equal(ops.add(batch.constant(x), first).numpy(), x)
+    first.array += 5
+    with Batch(backend=backend) as batch:
+        np.testing.assert_array_equal(ops.add(batch.constant(x), second).numpy(), x)
+
+
+def _shifted_by(bias: Parameter) -> autobatch.frontends.cells.Cell:
+    return cell(lambda x: ops.add(x, bias))
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_cell_reads_a_parameter_assigned_between_blocks_of_one_batch(frozen: bool) -> None:
+    """A cell's calls name its parameters' values in their block: entered again, the batch reads
+    the array the parameter has then (``freeze``: "assign ``array`` to change it")."""
+    bias = Parameter(RNG.standard_normal(4).astype(np.float32))
+    shifted, x, batch = _shifted_by(bias), RNG.standard_normal(4).astype(np.float32), Batch()
+    with batch:
+        shifted(batch.constant(x)).numpy()
+    bias.array = bias.array + 1
+    if frozen:
+        bias.freeze()
+    with batch:
+        got = shifted(batch.constant(x)).numpy()
+    np.testing.assert_allclose(got, x + bias.array, rtol=1e-6)
+
+
+def test_a_cell_call_in_a_block_entered_again_reads_its_own_parameter() -> None:
+    """Entered again, the block may give a cell's parameter's old name to another parameter."""
+    mine, other = (Parameter(RNG.standard_normal(4).astype(np.float32), name="bias") for _ in range(2))
+    shifted, x, batch = _shifted_by(mine), RNG.standard_normal(4).astype(np.float32), Batch()
+    with batch:
+        np.testing.assert_allclose(shifted(batch.constant(x)).numpy(), x + mine.array, rtol=1e-6)
+    with batch:
+        theirs = ops.add(batch.constant(x), other)  # named first in this block
+        got = shifted(batch.constant(x)).numpy()
+        theirs.numpy()
+    np.testing.assert_allclose(got, x + mine.array, rtol=1e-6)
