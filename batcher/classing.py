@@ -101,8 +101,9 @@ class Classing:
         rows = self.rows_of_kinds.get(length_free) if length_free is not None else None
         if rows is None:
             rows = self._rows_of(record, attributes)
-            if length_free is not None and rows[1] is not None:  # row-wise: a refusal's or loose value's
-                self.rows_of_kinds[length_free] = rows           # words may name the sizes that differ
+            # Row-wise answers only: a refusal's or a loose value's words may name the sizes that differ.
+            if length_free is not None and rows[1] is not None:
+                self.rows_of_kinds[length_free] = rows
         loose, ragged, not_row_wise, one_row = rows
         if loose is not None:  # one member at a time, its values as they are
             captured = tuple((inside, vtype) for inside, _, vtype in record.captured)
@@ -376,12 +377,12 @@ class Classing:
 
 
 def _length_free_key(record: Record, attributes: tuple) -> tuple | None:
-    """What ``_rows_of`` says of a record depends on its values' leading sizes only through which
-    are 0, which 1 and which equal one another (``batcher.ragged``: rows run along the first axis
-    that is not 1; a row-wise op keeps their number; a value is loose or not whatever its static
-    sizes): a key with each leading size of 2 or more
-    replaced by the order it first appears in, so that the records of every length of a
-    sentence's op share one answer. None for a record that reads values of subgraphs."""
+    """Whether ``_rows_of`` finds a record row-wise, and its signatures then, depend on its values'
+    leading sizes only through which are 0, which 1 and which equal one another (``batcher.ragged``:
+    rows run along the first axis that is not 1, and a row-wise op keeps their number): a key with
+    each leading size of 2 or more replaced by the order it first appears in, so that the records
+    of every length of a sentence's op share one answer. None for a record that reads values of
+    subgraphs."""
     if record.captured:
         return None
     labels: dict[int, int] = {}
