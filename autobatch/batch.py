@@ -20,7 +20,7 @@ from autobatch.backends.ort_runtime import UnsupportedByOnnxruntime
 from autobatch.backends.whole_plan import WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
-from autobatch.batcher.plan import FlatPlan, NotFlat, TemplateCache
+from autobatch.batcher.plan import KEYS_KEPT, FlatPlan, NotFlat, TemplateCache
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tensors import Tensor, TraceError
 from autobatch.frontends.tracing import OPSET, Tracer
@@ -28,7 +28,6 @@ from autobatch.ir import Recent
 from autobatch.executors import flat_executor, shared_ort_settings
 
 log = logging.getLogger("autobatch")
-KEYS_KEPT = 65536  # what a block's plans learnt of record keys (``Batch.plan``)
 
 # Templates of traced batches, shared by every ``Batch``: a batch lives for one minibatch, and
 # the next one's classes are mostly the same.

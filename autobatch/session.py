@@ -22,7 +22,7 @@ from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxru
 from autobatch.backends.parallel_runs import ParallelRuns
 from autobatch.backends.whole_plan import WHOLE_PLANS_KEPT, WholePlan, whole_plan_refusal
 from autobatch.batcher import get_scheduler
-from autobatch.batcher.plan import FlatPlan, TemplateCache
+from autobatch.batcher.plan import KEYS_KEPT, FlatPlan, TemplateCache
 from autobatch.batcher.sequences import RECURRENT
 from autobatch.executors import BACKENDS, flat_executor
 from autobatch.feed_keys import input_signature
@@ -46,7 +46,6 @@ PLANS_KEPT = 256  # plans, per mix of input signatures
 # ... while their records add up to at most this: a 64-text BERT plan (4,736 records) holds about
 # 1.2 MiB of steps, and a server meets a new mix in almost every batch.
 PLAN_RECORDS_KEPT = 262_144
-KEYS_KEPT = 65536  # what flat plans learnt of record keys
 
 
 @dataclass

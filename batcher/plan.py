@@ -123,6 +123,11 @@ class Template:
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
 
 
+# What plans learnt of record keys (``flat.plan_records``' ``known``), as many as a caller that
+# keeps it across plans keeps (``InferenceSession`` across mixes, a traced block across runs).
+KEYS_KEPT = 65536
+
+
 class TemplateCache:
     """The templates that plans were made of, by key (an op, its attributes, its operands'
     specs), and the cell functions whose ids are part of those keys (kept alive with them: a new

@@ -45,9 +45,9 @@ def fold_tree(leaf: Cell, node: Cell, leaves: Tensor, children: Sequence[tuple[i
     types = [ValueType.tensor(dtype, shape) for shape, dtype in zip(shapes, leaf_call.dtypes)]
     attrs = attributes(leaf=leaf_call.op_type, node=node_call.op_type, leaf_parameters=len(leaf_call.shared),
                        cells=CELL_DOMAIN)
-    return tuple(batch._append(FOLD_TREE, FOLD_DOMAIN, [rows, structure], [rows.name, structure.name, *shared], attrs,
-                               shapes, list(leaf_call.dtypes), types, (rows.entry, structure.entry, *shared),
-                               (cells, rows.entry, structure.entry), None))
+    return tuple(batch._append(FOLD_TREE, FOLD_DOMAIN, batch._reads([rows, structure]),
+                               [rows.name, structure.name, *shared], attrs, shapes, list(leaf_call.dtypes), types,
+                               (rows.entry, structure.entry, *shared), (cells, rows.entry, structure.entry), None))
 
 
 def _prepare(leaf: Cell, node: Cell, rows: Tensor) -> tuple[PreparedCall, PreparedCall]:

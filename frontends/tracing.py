@@ -196,7 +196,7 @@ class Tracer:
             if seen in self._calls:
                 return self._outputs_again(seen, shapes, dtypes, types)
         entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
-        return self._append(op_type, domain, inputs, names, attributes, shapes, dtypes, types, entries,
+        return self._append(op_type, domain, self._reads(inputs), names, attributes, shapes, dtypes, types, entries,
                             (domain, op_type, attributes_id, entries), seen)
 
     def record_one(self, op_type: str, inputs: Sequence[Tensor], shape: tuple[int, ...], dtype: np.dtype,
@@ -238,48 +238,33 @@ class Tracer:
 
     def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
         """Append a call whose signature was worked out once (a cell's, for these kinds of
-        operands in this batch); its shared values are read after ``inputs``. As ``record_one``,
-        without ``Tensor.__init__``: this runs for every cell call."""
+        operands in this batch); its shared values are read after ``inputs``."""
         names, preds = self._operands(inputs)
         seen = None
         if call.repeatable and self.reuse_calls:
             seen = (call, *names)
             if seen in self._calls:
                 return self._outputs_again(seen, call.shapes, call.dtypes, call.types)
+        names += call.shared
+        return self._append(call.op_type, call.domain, preds, names, NO_ATTRIBUTES, call.shapes, call.dtypes,
+                            call.types, call.entries, call, seen)
+
+    def _append(self, op_type: str, domain: str, preds: list[int], names: list[str],
+                attributes: dict[str, AttributeProto], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+                types: list[ValueType], entries: tuple, key: Hashable, seen: tuple | None) -> list[Tensor]:
+        """An op of any kind, reading the records ``preds`` (``_reads``); ``seen``: the call as
+        ``reuse_calls`` knows it (None: not reused). Its outputs are made without
+        ``Tensor.__init__`` (as ``record_one``'s): this runs for every cell call."""
         index = len(self._records)
-        if seen is not None:
-            self._calls[seen] = index
         tensors, outputs = [], []
         pending = self._pending
-        for shape, dtype, vtype in zip(call.shapes, call.dtypes, call.types):
+        for shape, dtype, vtype in zip(shapes, dtypes, types):
             tensor = _new_tensor(Tensor)
             tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
             tensor.value, tensor.entry, tensor.producer = None, vtype, index
             tensors.append(tensor)
             outputs.append(tensor.name)
             pending.append(weakref.ref(tensor))
-        names += call.shared
-        self._records.append(new_record(Record, (call.op_type, call.domain, names, outputs, NO_ATTRIBUTES, call.types,
-                                                 call.entries, call, preds, self._instance, ())))
-        return tensors
-
-    def _append(self, op_type: str, domain: str, inputs: Sequence[Tensor | None], names: list[str],
-                attributes: dict[str, AttributeProto], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-                types: list[ValueType], entries: tuple, key: Hashable, seen: tuple | None) -> list[Tensor]:
-        """An op of any kind; ``seen``: the call as ``reuse_calls`` knows it (None: not reused)."""
-        preds = self._reads(inputs)
-        index = len(self._records)
-        if len(shapes) == 1:  # most ops: one output, without the loops (and ``Tensor.__init__``, as ``record_one``)
-            tensor = _new_tensor(Tensor)
-            tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shapes[0], dtypes[0]
-            tensor.value, tensor.entry, tensor.producer = None, types[0], index
-            tensors, outputs = [tensor], [tensor.name]
-            self._pending.append(weakref.ref(tensor))
-        else:
-            tensors = [Tensor(self, f"t{next(self._names)}", shape, dtype, None, vtype, index)
-                       for shape, dtype, vtype in zip(shapes, dtypes, types)]
-            outputs = [t.name for t in tensors]
-            self._pending += map(weakref.ref, tensors)
         if seen is not None:
             self._calls[seen] = index
         self._records.append(new_record(Record, (op_type, domain, names, outputs, attributes, types, entries, key, preds,
