@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, helper
 
+from autobatch.axis_batches import AxisBatches
 from autobatch.backends import FeedError, Interpreter
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.interpreter import check_feeds
@@ -73,7 +74,7 @@ class InferenceSession:
     def __init__(self, model: ModelProto | Graph | bytes | str, sess_options: Any = None,
                  providers: Sequence[str] | None = None, *, backend: str | None = None, scheduler: str = "level",
                  threads: int | None = None, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 whole_plans: int = WHOLE_PLANS_KEPT, alone_when_faster: bool = True) -> None:
+                 whole_plans: int = WHOLE_PLANS_KEPT, alone_when_faster: bool = True, node_level: bool = True) -> None:
         """Called as onnxruntime's is: ``InferenceSession(path, sess_options, providers)``, where
         ``sess_options`` is an ``onnxruntime.SessionOptions`` (its ``intra_op_num_threads`` is
         read) and giving ``providers`` (or options) means the onnxruntime backend. ``backend``:
@@ -88,7 +89,10 @@ class InferenceSession:
         faster than batching batches of its kind (``autobatch.ways``); False: always batched.
         On onnxruntime's CPU such a batch, of at least ``threads`` instances (0: as many as the
         cores this process may use; 1: never), runs that many at once, each on one thread
-        (``backends.parallel_runs``), on a second copy of the model made when first needed."""
+        (``backends.parallel_runs``), on a second copy of the model made when first needed.
+        ``node_level``: where every node of the model batches along its instances' length axis,
+        a batch runs as the model's own graph over all their rows, planned once for every mix
+        (``autobatch.axis_batches``); False: each mix is planned by the flat planner."""
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -129,6 +133,9 @@ class InferenceSession:
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
         self._ways = WayChooser() if alone_when_faster else None
+        # batches planned once per node of the model, where it allows (not with control flow)
+        self._axis = None if self._control_flow or not node_level else \
+            AxisBatches(self.graph, self.instances, self.ort_settings if backend == "onnxruntime" else None)
 
     def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The feeds, once they fit the model's inputs and, for a model with control flow, once
@@ -228,7 +235,8 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
-        kept = key is not None and key in self._flat_plans
+        lengths = self._axis.lengths(checked) if self._axis is not None else None
+        kept = key is not None and key in self._flat_plans or lengths is not None
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN
         at_once = self._at_once(checked) if way == ALONE and how == AT_ONCE else None
@@ -242,13 +250,24 @@ class InferenceSession:
             if self._alone_ways is not None:  # (a batch that could not run at once ran in turn)
                 self._alone_ways.record(len(checked), False, AT_ONCE if at_once else IN_TURN, seconds["alone"])
         else:
-            results = self._run_batched(names, checked, key, seconds, start)
+            results = self._run_batched(names, checked, key, seconds, start, lengths)
         if self._ways is not None:
             self._ways.record(len(checked), kept, way, time.perf_counter() - begin)
         return results
 
     def _run_batched(self, names: list[str], checked: list[dict[str, Any]], key: tuple | None,
-                     seconds: dict[str, float], start: float) -> list[list[np.ndarray]]:
+                     seconds: dict[str, float], start: float, lengths: list[int] | None = None) -> list[list[np.ndarray]]:
+        if lengths is not None:  # the model's node-level plan (``axis_batches``)
+            begin = time.perf_counter()
+            try:
+                results, report = self._axis.run(names, checked, lengths)  # type: ignore[union-attr]
+            except UnsupportedByOnnxruntime as error:
+                self._axis.refuse(str(error))  # type: ignore[union-attr]
+            else:
+                seconds.update(plan=begin - start, execute=time.perf_counter() - begin)
+                self.stats = SessionStats(len(checked), report, True, launches=report.launches, seconds=seconds,
+                                          whole_plan=True)
+                return results
         # The union graph names instance k's values "i{k}/name", but keeps constants shared.
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}
         width = len(names)

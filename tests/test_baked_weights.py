@@ -236,13 +236,13 @@ def test_a_sessions_weight_snapshots_are_its_own_and_go_with_it():
     rng = np.random.default_rng(10)
     instances = [{"x": rng.standard_normal((int(n), 1, 16)).astype(np.float32)} for n in rng.integers(2, 12, 16)]
     traced = len(TRACED_SNAPSHOTS)
-    session = InferenceSession(model, backend="onnxruntime", alone_when_faster=False)
+    session = InferenceSession(model, backend="onnxruntime", alone_when_faster=False, node_level=False)
     for _ in range(2):
         got = session.run_batch(None, instances)
     for feeds, outputs in zip(instances, got):
         np.testing.assert_allclose(outputs[0], session.run(None, feeds)[0], rtol=RTOL, atol=ATOL)
     assert len(session.weight_snapshots) >= 1 and len(TRACED_SNAPSHOTS) == traced
-    other = InferenceSession(model, backend="onnxruntime", alone_when_faster=False)
+    other = InferenceSession(model, backend="onnxruntime", alone_when_faster=False, node_level=False)
     other.run_batch(None, instances)
     assert other.weight_snapshots is not session.weight_snapshots and len(other.weight_snapshots) >= 1
     kept = weakref.ref(session.weight_snapshots)

@@ -144,3 +144,36 @@ def test_an_exported_cnn_batches_images_of_each_size_and_its_head_across_sizes(e
     launches = session.stats.report.launches_by_op
     assert session.stats.report.alone == {}
     assert launches["Conv"] == 2 * len(set(sizes)) and launches["Gemm"] == 1
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exported, cell, backend):
+    """Every node of the tagger batches along the texts' length axis, so its batches run as its
+    own graph over every text's rows (``autobatch/axis_batches.py``): planned once, from the first
+    batch, for every later mix of new lengths; its layer runs a call per chunk of 8 texts."""
+    from autobatch.batcher.sequences import CHUNK as SEQUENCES
+
+    path = exported(cell, 16)  # (torch 2.13's dynamo export of it holds for its traced length only)
+    alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = InferenceSession(str(path), backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(7)
+    runner = None
+    for lengths in ([5, 9, 3, 9, 12, 1, 7], *(rng.integers(1, 40, n) for n in (20, 3, 9))):
+        batch = [{"ids": rng.integers(0, exports.VOCABULARY, (1, int(n)))} for n in lengths]
+        got = session.run_batch(None, batch)
+        for k, feeds in enumerate(batch):
+            assert_same(got[k][0], alone.run(None, feeds)[0], rtol=1e-5, atol=1e-6, what=f"text {k}")
+        report = session.stats.report
+        assert report.scheduler == "instance axis"
+        assert report.launches_by_op[cell.upper()] == math.ceil(len(lengths) / SEQUENCES)
+        runner = runner or session._axis.runner
+        assert session._axis.runner is runner
+    assert len(session._flat_plans) == 0
+
+
+def test_an_exported_bert_says_which_node_keeps_it_planned_per_mix(exported):
+    pytest.importorskip("transformers")
+    session = run_and_compare(exported("bert"), "onnxruntime", rtol=1e-4, atol=1e-5)
+    assert session.stats.report.scheduler != "instance axis"
+    assert session._axis.refusal.startswith("Add ") and "row-wise only as" in session._axis.refusal

@@ -125,7 +125,7 @@ def test_a_session_runs_a_batch_alone_at_once_on_its_threads_with_each_instances
     model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
         g (float[n] v0) => (float[n] v) <float c = {0.5}> {""" + "".join(
         f"\n v{k + 1} = {'Add' if k % 2 else 'Mul'}(v{k}, c)" for k in range(299)) + "\n v = Mul(v299, c)\n}")
-    session = InferenceSession(model, backend="onnxruntime", threads=2)
+    session = InferenceSession(model, backend="onnxruntime", threads=2, node_level=False)
     rng = np.random.default_rng(3)
     at_once = []  # of each batch run alone: how many at once
     for _ in range(BATCHED_FIRST + 6):

@@ -50,7 +50,7 @@ def sequences(lengths: list[int], rng: np.random.Generator) -> list[dict[str, np
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 def test_one_launch_a_layer_whatever_the_lengths(backend, op, outputs, direction):
     rng = np.random.default_rng(len(op) + outputs)
-    session = autobatch.InferenceSession(layer_model(op, direction, outputs, rng), backend=backend)
+    session = autobatch.InferenceSession(layer_model(op, direction, outputs, rng), backend=backend, node_level=False)
     instances = sequences(LENGTHS, rng)
     batched = session.run_batch(None, instances)
     assert session.stats.report.launches == 1 == session.stats.report.lower_bound

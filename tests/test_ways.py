@@ -92,8 +92,8 @@ def test_a_session_runs_new_mixes_alone_where_measured_faster_with_the_same_resu
     model = _chain(300)
     rng = np.random.default_rng(0)
     for backend in ("onnxruntime", "numpy"):
-        session = InferenceSession(model, backend=backend)
-        plain = InferenceSession(model, backend=backend, alone_when_faster=False)
+        session = InferenceSession(model, backend=backend, node_level=False)
+        plain = InferenceSession(model, backend=backend, alone_when_faster=False, node_level=False)
         alone = []
         for _ in range(BATCHED_FIRST + 2 + 3):
             feeds = [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 8)]
@@ -111,7 +111,7 @@ def test_a_session_runs_new_mixes_alone_where_measured_faster_with_the_same_resu
 def test_a_mix_with_a_plan_kept_runs_batched() -> None:
     model = _chain(300)
     rng = np.random.default_rng(1)
-    session = InferenceSession(model, backend="onnxruntime")
+    session = InferenceSession(model, backend="onnxruntime", node_level=False)
     kept = [{"v0": rng.standard_normal(n).astype(np.float32)} for n in (3, 5, 7)]
     session.run_batch(None, kept)
     for _ in range(BATCHED_FIRST + 4):
@@ -127,7 +127,7 @@ def test_a_server_counts_the_instances_it_ran_alone_by_choice() -> None:
     from autobatch.serving.metrics import render
 
     model = _chain(300)
-    session = InferenceSession(model)
+    session = InferenceSession(model, node_level=False)
     rng = np.random.default_rng(2)
     for _ in range(BATCHED_FIRST + 2):  # what batches of 8 cost both ways, measured before serving
         session.run_batch(None, [{"v0": rng.standard_normal(int(n)).astype(np.float32)} for n in rng.integers(1, 400, 8)])

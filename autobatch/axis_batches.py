@@ -1,0 +1,98 @@
+"""A session's batches planned once per node of its model (``batcher.instance_axis``): made
+from the first batch with two instances of different lengths, then used by every batch whose
+instances' input signatures each fit it (checked once per signature); other batches, and every
+batch of a model it refuses, are planned per mix by the flat planner."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from autobatch.backends.instance_axis import InstanceAxisRunner
+from autobatch.backends.ort_runtime import OrtSettings
+from autobatch.batcher.instance_axis import InstanceAxisPlan, probe
+from autobatch.batcher.plan import BatchReport
+from autobatch.batcher.rule_tables import Refusal
+from autobatch.feed_keys import input_signature
+from autobatch.ir import Graph, Recent
+from autobatch.typed_instances import SHAPES_KEPT, ModelInstances
+
+log = logging.getLogger("autobatch")
+
+PROBES = 4  # batches whose two instances did not tell the rows' axis (one row each?) before the model is refused
+
+
+class AxisBatches:
+    """``lengths(batch)``: the rows of each instance where the node-level plan computes the
+    batch, else None; ``run`` then computes it. ``refusal``: why the model has no such plan
+    (None while it has one, or has not met two lengths yet)."""
+
+    def __init__(self, graph: Graph, instances: ModelInstances, settings: OrtSettings | None) -> None:
+        self.graph = graph
+        self.instances = instances
+        self.settings = settings  # None: the NumPy interpreter
+        self.runner: InstanceAxisRunner | None = None
+        self.refusal: str | None = None
+        self._fits: Recent = Recent(SHAPES_KEPT)  # input signature -> its rows, or why it does not fit
+        self._undecided = 0  # probes that could not tell the rows' axis
+
+    def lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[int] | None:
+        if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch):
+            return None
+        lengths = []
+        for feeds in batch:
+            signature = input_signature(feeds)
+            fit = self._fits.get(signature)
+            if fit is None:
+                fit = self._fits[signature] = self._fit(self.runner.plan, feeds)  # type: ignore[union-attr]
+            if isinstance(fit, Refusal):
+                log.debug("a batch of %s is planned per mix: an instance %s", self.graph.name, fit.reason)
+                return None
+            lengths.append(fit)
+        return lengths
+
+    def run(self, names: Sequence[str], batch: Sequence[Mapping[str, Any]],
+            lengths: Sequence[int]) -> tuple[list[list[np.ndarray]], BatchReport]:
+        """Outputs ``names`` of every instance, and what ran."""
+        results, chunk_count = self.runner.run(names, batch, lengths)  # type: ignore[union-attr]
+        plan = self.runner.plan  # type: ignore[union-attr]
+        by_op = self.runner.launches(chunk_count)  # type: ignore[union-attr]
+        return results, BatchReport("instance axis", len(plan.records) * len(batch), sum(by_op.values()),
+                                    len(plan.records), 0, 0, 0, 0, launches_by_op=by_op)
+
+    def refuse(self, reason: str) -> None:
+        self.refusal, self.runner = reason, None
+        log.info("batches of %s are planned per mix: %s", self.graph.name, reason)
+
+    def _probe(self, batch: Sequence[Mapping[str, Any]]) -> bool:
+        """Makes the plan from the batch's two biggest instances of different input signatures;
+        False where the batch has no two that tell (its plan waits for a batch that has)."""
+        if any(not isinstance(value, np.ndarray) for feeds in batch for value in feeds.values()):
+            return False  # sequences, optionals: no rows to concatenate
+        by_signature = {input_signature(feeds): feeds for feeds in batch}
+        if len(by_signature) < 2:
+            return False
+        two = sorted(by_signature.values(), key=lambda feeds: -sum(value.size for value in feeds.values()))[:2]
+        plan = probe([self.instances.records_of(feeds) for feeds in two], list(self.graph.inputs),
+                     list(self.graph.outputs), self.graph.opset_imports.get("", 0))
+        if plan is None:
+            self._undecided += 1
+            if self._undecided == PROBES:
+                self.refuse(f"{PROBES} batches did not tell the axis of its inputs' and outputs' rows")
+            return False
+        if isinstance(plan, Refusal):
+            self.refuse(plan.reason)
+            return False
+        self.runner = InstanceAxisRunner(plan, self.settings)
+        log.info("batches of %s run as one graph of its nodes over every instance's rows", self.graph.name)
+        return True
+
+    def _fit(self, plan: InstanceAxisPlan, feeds: Mapping[str, Any]) -> int | Refusal:
+        length = plan.length({name: np.shape(value) for name, value in feeds.items()})
+        if isinstance(length, Refusal):
+            return length
+        refusal = plan.refusal(self.instances.records_of(feeds))  # (a Refusal is falsy: not ``or``)
+        return length if refusal is None else refusal

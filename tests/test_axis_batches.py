@@ -1,0 +1,112 @@
+"""Batches planned once per node of the model (``batcher/instance_axis.py``,
+``backends/instance_axis.py``, ``autobatch/axis_batches.py``): every new mix of lengths runs as
+the model's own graph over all its instances' rows, with each instance's own results, and what
+the node-level plan does not take is planned per mix as before, saying why."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+
+import autobatch
+from autobatch.batcher.sequences import CHUNK
+from tests.oracle import assert_same
+from tests.test_sequences import D, layer_model, sequences
+
+
+@pytest.fixture(params=["numpy", "onnxruntime"])
+def backend(request):
+    return request.param
+
+
+def assert_each_alone(session: autobatch.InferenceSession, batch: list[dict], got: list[list[np.ndarray]]) -> None:
+    """Each instance's results equal its run alone (float32: rtol 1e-5, atol 1e-6; a layer's
+    products over a chunk of sequences sum in the kernels' own order)."""
+    for k, (feeds, outputs) in enumerate(zip(batch, got, strict=True)):
+        for alone, value in zip(session.run(None, feeds), outputs, strict=True):
+            assert value.shape == alone.shape
+            assert_same(value, alone, rtol=1e-5, atol=1e-6, what=f"instance {k}")
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_every_new_mix_runs_as_one_graph_planned_once(backend, op, direction):
+    rng = np.random.default_rng(len(op) + len(direction))
+    session = autobatch.InferenceSession(layer_model(op, direction, 1, rng), backend=backend, alone_when_faster=False)
+    runner = None
+    for lengths in ([4, 9], *(rng.integers(1, 30, count) for count in (8, 19, 5))):  # new lengths every mix
+        count = len(lengths)
+        batch = sequences([int(n) for n in lengths], rng)
+        got = session.run_batch(None, batch)
+        report = session.stats.report
+        assert report.scheduler == "instance axis" and report.launches_by_op == {op: math.ceil(count / CHUNK)}
+        assert_each_alone(session, batch, got)
+        runner = runner or session._axis.runner
+        assert session._axis.runner is runner  # planned once, for every mix
+    assert len(session._flat_plans) == 0  # no mix was planned record by record
+
+
+def test_a_first_batch_of_one_row_waits_for_one_that_tells_the_axis(backend):
+    rng = np.random.default_rng(6)
+    session = autobatch.InferenceSession(layer_model("LSTM", "forward", 1, rng), backend=backend,
+                                         alone_when_faster=False)
+    for lengths, scheduler in (([1, 12], "level"), ([3, 1, 7], "instance axis")):
+        batch = sequences(lengths, rng)
+        assert_each_alone(session, batch, session.run_batch(None, batch))
+        assert session.stats.report.scheduler == scheduler and session._axis.refusal is None
+
+
+def test_a_layer_whose_final_states_are_read_is_planned_per_mix(backend):
+    rng = np.random.default_rng(3)
+    session = autobatch.InferenceSession(layer_model("LSTM", "forward", 3, rng), backend=backend)
+    batch = sequences([4, 7, 2, 9], rng)
+    got = session.run_batch(None, batch)
+    assert "its final states are read" in session._axis.refusal
+    assert session.stats.report.scheduler != "instance axis"
+    assert_each_alone(session, batch, got)
+
+
+def two_inputs_model() -> onnx.ModelProto:
+    """Two per-instance inputs of one length each, added row by row after a projection."""
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, L, {D}] a, float[1, M, {D}] b) => (float[1, L, {D}] y) {{
+        p = MatMul(a, w)
+        y = Add(p, b)
+    }}""")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.eye(D, dtype=np.float32) * 2, "w"))
+    return model
+
+
+def test_an_instance_that_does_not_fit_sends_its_batch_to_the_flat_planner(backend):
+    """The plan is made from the first batch of two lengths; a later batch with an instance whose
+    inputs differ in length (the model's Add then fails for it alone too) or of one that fits
+    runs as each alone would."""
+    rng = np.random.default_rng(4)
+    session = autobatch.InferenceSession(two_inputs_model(), backend=backend, alone_when_faster=False)
+
+    def instance(n: int) -> dict[str, np.ndarray]:
+        return {name: rng.standard_normal((1, n, D)).astype(np.float32) for name in "ab"}
+
+    batch = [instance(n) for n in (3, 6, 1, 6)]
+    assert_each_alone(session, batch, session.run_batch(None, batch))
+    assert session.stats.report.scheduler == "instance axis"
+    assert session.stats.report.launches_by_op == {"MatMul": 1, "Add": 1}
+    mixed = [instance(4), {"a": rng.standard_normal((1, 5, D)).astype(np.float32),
+                           "b": rng.standard_normal((1, 1, D)).astype(np.float32)}]
+    assert_each_alone(session, mixed, session.run_batch(None, mixed))  # b broadcasts over a's 5 rows
+    assert session.stats.report.scheduler != "instance axis"
+    assert session._axis.refusal is None  # the model keeps its plan for batches that fit
+
+
+def test_an_empty_sequence_in_a_mix_gets_its_own_results(backend):
+    rng = np.random.default_rng(5)
+    session = autobatch.InferenceSession(layer_model("GRU", "bidirectional", 1, rng), backend=backend,
+                                         alone_when_faster=False)
+    batch = sequences([5, 0, 3, 8], rng)
+    got = session.run_batch(None, batch)
+    assert got[1][0].shape == (0, 2, 1, 4)
+    for k in (0, 2, 3):
+        assert_same(got[k][0], session.run(None, batch[k])[0], rtol=1e-5, atol=1e-6, what=f"instance {k}")
