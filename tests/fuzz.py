@@ -344,6 +344,7 @@ class Outcome:
     alone_failed: int = 0  # programs that onnxruntime (or ONNX's reference, for NumPy) cannot run either
     nodes: int = 0  # of the batches, in the plans
     launches: int = 0  # the plans' steps
+    node_level: int = 0  # batches run as the model's graph over every instance's rows (``autobatch.axis_batches``)
     ops: collections.Counter = field(default_factory=collections.Counter)
 
 
@@ -398,6 +399,7 @@ def check_program(seed: int, backend: str, outcome: Outcome) -> None:
                 return
             outcome.nodes += session.stats.report.nodes
             outcome.launches += session.stats.launches
+            outcome.node_level += session.stats.report.scheduler == "instance axis"
             if len(got) != len(wanted) or any(len(g) != len(w) for g, w in zip(got, wanted)):
                 outcome.errors.append(f"seed {seed} {backend} batch {b}: {[len(g) for g in got]} outputs batched, "
                                       f"{[len(w) for w in wanted]} alone")
@@ -433,7 +435,7 @@ def report(outcomes: dict[str, Outcome]) -> str:
     lines = []
     for backend, o in outcomes.items():
         lines.append(f"{backend}: {o.programs} programs ({o.instances} instances in {3 * o.programs} batches, "
-                     f"{o.nodes} nodes in {o.launches} launches), {len(o.mismatches)} mismatches, {len(o.errors)} batch errors, "
+                     f"{o.nodes} nodes in {o.launches} launches; {o.node_level} batches planned once per node), {len(o.mismatches)} mismatches, {len(o.errors)} batch errors, "
                      f"{o.alone_failed} programs that {ORACLES[backend]} could not run either")
         lines += [f"  {line}" for line in (o.mismatches + o.errors)[:10]]
     ops = collections.Counter()
