@@ -26,8 +26,8 @@ PROBES = 4  # batches whose two instances did not tell the rows' axis (one row e
 
 
 class AxisBatches:
-    """``lengths(batch)``: the rows of each instance where the node-level plan computes the
-    batch, else None; ``run`` then computes it. ``refusal``: why the model has no such plan
+    """``lengths(batch)``: each instance's length and constants where the node-level plan
+    computes the batch, else None; ``run`` then computes it. ``refusal``: why the model has no such plan
     (None while it has one, or has not met two lengths yet)."""
 
     def __init__(self, graph: Graph, instances: ModelInstances, settings: OrtSettings | None) -> None:
@@ -39,10 +39,10 @@ class AxisBatches:
         self._fits: Recent = Recent(SHAPES_KEPT)  # input signature -> its rows, or why it does not fit
         self._undecided = 0  # probes that could not tell the rows' axis
 
-    def lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[int] | None:
+    def lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
         if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch):
             return None
-        lengths = []
+        fits = []
         for feeds in batch:
             signature = input_signature(feeds)
             fit = self._fits.get(signature)
@@ -51,13 +51,14 @@ class AxisBatches:
             if isinstance(fit, Refusal):
                 log.debug("a batch of %s is planned per mix: an instance %s", self.graph.name, fit.reason)
                 return None
-            lengths.append(fit)
-        return lengths
+            fits.append(fit)
+        return fits if any(length for length, _ in fits) else None  # (no rows at all: no chunks to run)
 
     def run(self, names: Sequence[str], batch: Sequence[Mapping[str, Any]],
-            lengths: Sequence[int]) -> tuple[list[list[np.ndarray]], BatchReport]:
-        """Outputs ``names`` of every instance, and what ran."""
-        results, chunk_count = self.runner.run(names, batch, lengths)  # type: ignore[union-attr]
+            fits: Sequence[tuple[int, Mapping[str, np.ndarray]]]) -> tuple[list[list[np.ndarray]], BatchReport]:
+        """Outputs ``names`` of every instance (``fits``: what ``lengths`` gave), and what ran."""
+        lengths, constants = [length for length, _ in fits], [weights for _, weights in fits]
+        results, chunk_count = self.runner.run(names, batch, lengths, constants)  # type: ignore[union-attr]
         plan = self.runner.plan  # type: ignore[union-attr]
         by_op = self.runner.launches(chunk_count)  # type: ignore[union-attr]
         return results, BatchReport("instance axis", len(plan.records) * len(batch), sum(by_op.values()),
@@ -90,9 +91,11 @@ class AxisBatches:
         log.info("batches of %s run as one graph of its nodes over every instance's rows", self.graph.name)
         return True
 
-    def _fit(self, plan: InstanceAxisPlan, feeds: Mapping[str, Any]) -> int | Refusal:
+    def _fit(self, plan: InstanceAxisPlan, feeds: Mapping[str, Any]) -> tuple[int, Mapping[str, np.ndarray]] | Refusal:
+        """The instance's length and its constants (some are given per mix), or why it does not fit."""
         length = plan.length({name: np.shape(value) for name, value in feeds.items()})
         if isinstance(length, Refusal):
             return length
-        refusal = plan.refusal(self.instances.records_of(feeds))  # (a Refusal is falsy: not ``or``)
-        return length if refusal is None else refusal
+        records = self.instances.records_of(feeds)
+        refusal = plan.refusal(records)  # (a Refusal is falsy: not ``or``)
+        return (length, records.weights) if refusal is None else refusal

@@ -235,8 +235,8 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
-        lengths = self._axis.lengths(checked) if self._axis is not None else None
-        kept = key is not None and key in self._flat_plans or lengths is not None
+        fits = self._axis.lengths(checked) if self._axis is not None else None
+        kept = key is not None and key in self._flat_plans or fits is not None
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN
         at_once = self._at_once(checked) if way == ALONE and how == AT_ONCE else None
@@ -250,17 +250,17 @@ class InferenceSession:
             if self._alone_ways is not None:  # (a batch that could not run at once ran in turn)
                 self._alone_ways.record(len(checked), False, AT_ONCE if at_once else IN_TURN, seconds["alone"])
         else:
-            results = self._run_batched(names, checked, key, seconds, start, lengths)
+            results = self._run_batched(names, checked, key, seconds, start, fits)
         if self._ways is not None:
             self._ways.record(len(checked), kept, way, time.perf_counter() - begin)
         return results
 
     def _run_batched(self, names: list[str], checked: list[dict[str, Any]], key: tuple | None,
-                     seconds: dict[str, float], start: float, lengths: list[int] | None = None) -> list[list[np.ndarray]]:
-        if lengths is not None:  # the model's node-level plan (``axis_batches``)
+                     seconds: dict[str, float], start: float, fits: list | None = None) -> list[list[np.ndarray]]:
+        if fits is not None:  # the model's node-level plan (``axis_batches``)
             begin = time.perf_counter()
             try:
-                results, report = self._axis.run(names, checked, lengths)  # type: ignore[union-attr]
+                results, report = self._axis.run(names, checked, fits)  # type: ignore[union-attr]
             except UnsupportedByOnnxruntime as error:
                 self._axis.refuse(str(error))  # type: ignore[union-attr]
             else:

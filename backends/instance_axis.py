@@ -1,14 +1,15 @@
 """A node-level plan (``batcher.instance_axis``) lowered to one ONNX graph that serves every mix
-of lengths, and run: the mix's inputs concatenated along their rows' axis, the index arrays of
+of lengths, and run: the mix's inputs concatenated along their length axis, the index arrays of
 its lengths fed, the outputs cut back into instances.
 
-The graph is the model's own nodes over ``[1, N, d]`` in place of ``[1, L, d]``: a row-wise
-node as it is, a reshape of each row as a Reshape to its row shape, and a recurrent layer as
-padded chunks of sequences sorted by length (``batcher.sequences``, whose ``chunks`` the feeds
-come from): each chunk Gathers its time-major rows (one zero row past the last for padding),
-runs the layer with ``sequence_lens``, and one Gather puts every real row back in instance
-order. The graph depends on the mix only through its number of chunks, so a runner keeps one
-session for each (at most ``ceil(instances / CHUNK)``).
+The graph is the model's own nodes: a rows step over ``[1, N, d]`` in place of ``[1, L, d]`` (a
+reshape of each row a Reshape to its row shape), a padded step over ``[B, ..., Lmax, ...]`` with
+its masks (``padded/valid``), and a recurrent layer as padded chunks of sequences sorted by length
+(``batcher.sequences``, whose ``chunks`` the feeds come from). A value goes from rows to padded
+by one Gather of every (instance, position) from the rows with a zero row past the last
+(``padded/source``), and back by one Gather of the real positions (``padded/targets``). The graph
+depends on the mix only through its number of chunks, so a runner keeps one session for each (at
+most ``ceil(instances / CHUNK)``).
 """
 
 from __future__ import annotations
@@ -18,19 +19,19 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
-from autobatch.batcher.instance_axis import InstanceAxisPlan
+from autobatch.batcher.instance_axis import PADDED, InstanceAxisPlan, aligned
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, Chunk, chunks
 from autobatch.ir import from_onnx
 from autobatch.ir.onnx_io import choose_ir_version
-from autobatch.ir.types import ValueType
 
 ROWS = "rows"  # the symbolic size of the batch's rows axis
-TARGETS = "instance_axis/targets"  # feed: where each row of a recurrent layer's output is in its chunks' outputs
+TARGETS = "instance_axis/targets"  # where each row of a recurrent layer's output is in its chunks' outputs
+BACK = "padded/targets"  # where each row of a padded value is in its chunks' values, flattened and concatenated
 
 
 def chunk_feeds(k: int) -> tuple[str, str, str]:
@@ -38,87 +39,237 @@ def chunk_feeds(k: int) -> tuple[str, str, str]:
     return f"instance_axis/chunk{k}/source", f"instance_axis/chunk{k}/shape", f"instance_axis/chunk{k}/lengths"
 
 
-def lower(plan: InstanceAxisPlan, chunk_count: int) -> onnx.ModelProto:
-    """The plan as one ONNX graph for a mix whose recurrent layers run in ``chunk_count`` chunks."""
-    nodes: list[onnx.NodeProto] = []
-    initializers: dict[str, np.ndarray] = {}
+def padded_feeds(k: int) -> tuple[str, str, str, str]:
+    """The feeds of chunk ``k`` of the padded layout: the row each (instance, position) reads,
+    batch-major, from the rows and a zero row past them; which are real ``[size, Lmax]``; its
+    size and its longest."""
+    return (f"padded/chunk{k}/source", f"padded/chunk{k}/valid", f"padded/chunk{k}/size",
+            f"padded/chunk{k}/longest")
 
-    def constant(name: str, array: np.ndarray) -> str:
-        initializers[name] = array
+
+class _Lowering:
+    def __init__(self, plan: InstanceAxisPlan, chunk_count: int) -> None:
+        self.plan = plan
+        self.chunk_count = chunk_count
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, np.ndarray] = {}
+        self.padded: set[str] = set()  # values made in the padded layout: a tensor a chunk, "{name}/chunk{k}"
+        self.zeros: dict[str, set[int]] = {}  # a padded value's axes along which its padded positions are 0
+        self.fed_padded: set[str] = set()  # constants given per mix that padded steps read: a tensor a chunk
+        self.converted: dict[str, str] = {}  # (value, layout) -> its name in that layout
+        self.fed: dict[str, tuple[int, ...]] = {}  # constants given per mix, by name: their pattern
+
+    def node(self, op: str, inputs: Sequence[str], output: str, **attributes: Any) -> str:
+        self.nodes.append(helper.make_node(op, list(inputs), [output], **attributes))
+        return output
+
+    def constant(self, name: str, array: np.ndarray) -> str:
+        self.initializers[name] = array
         return name
 
-    recurrent = False
-    for record, signature in zip(plan.records, plan.signatures):
-        initializers.update((e, plan.weights[e]) for e in record.entries if type(e) is str and e in plan.weights
-                            and signature[0] != "reshape")
-        if signature[0] == "ragged":
-            nodes.append(helper.make_node(record.op_type, record.inputs, record.outputs, domain=record.domain or None))
-            nodes[-1].attribute.extend(record.attributes.values())
-        elif signature[0] == "reshape":
-            out_axis, row = signature[4]
-            target = constant(f"{record.outputs[0]}/row_shape", np.array([1] * out_axis + [-1, *row], np.int64))
-            nodes.append(helper.make_node("Reshape", [record.inputs[0], target], record.outputs[:1]))
-        else:
-            recurrent = True
-            nodes += _recurrent(record, chunk_count, constant)
-    inputs = [_info(name, _input_type(plan, name), axis) for name, axis in plan.inputs.items()]
-    if recurrent:
-        for k in range(chunk_count):
+    def lower(self) -> onnx.ModelProto:
+        for record, step in zip(self.plan.records, self.plan.steps):
+            self.fed.update(step.fed)
+            self.initializers.update((e, self.plan.weights[e]) for e in record.entries if type(e) is str
+                                     and e in self.plan.weights and e not in step.fed and step.kind != "reshape")
+            if step.kind == PADDED:
+                self.padded_node(record, step)
+            elif step.kind == "sequences":
+                self.recurrent(record, self.rows(record.inputs[0]))
+            elif step.kind == "reshape":
+                out_axis, row = step.signature[4]
+                target = self.constant(f"{record.outputs[0]}/row_shape", np.array([1] * out_axis + [-1, *row], np.int64))
+                self.node("Reshape", [self.rows(record.inputs[0]), target], record.outputs[0])
+            else:
+                self.nodes.append(helper.make_node(record.op_type, [self.rows(n) if n else n for n in record.inputs],
+                                                   record.outputs, domain=record.domain or None))
+                self.nodes[-1].attribute.extend(record.attributes.values())
+        outputs = [_info(self.rows(name), self.plan.patterns[name], "", record_type(self.plan, name))
+                   for name in self.plan.outputs]
+        for info, name in zip(outputs, self.plan.outputs):
+            info.name = name
+            if self.rows(name) != name:
+                self.node("Identity", [self.rows(name)], name)
+        graph = helper.make_graph(self.nodes, "instance_axis", self.inputs(), outputs,
+                                  [numpy_helper.from_array(np.asarray(a), n) for n, a in self.initializers.items()])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.plan.opset)])
+        model.ir_version = choose_ir_version(model, None)
+        return model
+
+    def inputs(self) -> list[onnx.ValueInfoProto]:
+        plan = self.plan
+        infos = [_info(name, plan.patterns[name], ROWS, record_type(plan, name)) for name in plan.inputs]
+        for name, pattern in self.fed.items():
+            elem_type = helper.np_dtype_to_tensor_dtype(plan.weights[name].dtype)
+            if name in self.fed_padded:  # a chunk's, after a batch axis
+                infos += [helper.make_tensor_value_info(f"{name}/chunk{k}", elem_type, [None] * (len(pattern) + 1))
+                          for k in range(self.chunk_count)]
+            else:
+                infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
+        if self.padded:
+            infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
+            for k in range(self.chunk_count):
+                source, valid, size, longest = padded_feeds(k)
+                infos += [helper.make_tensor_value_info(source, TensorProto.INT64, [None]),
+                          helper.make_tensor_value_info(valid, TensorProto.BOOL, [None, None]),
+                          helper.make_tensor_value_info(size, TensorProto.INT64, [1]),
+                          helper.make_tensor_value_info(longest, TensorProto.INT64, [1])]
+        if any(step.kind == "sequences" for step in plan.steps):
+            for k in range(self.chunk_count):
+                source, shape, lengths = chunk_feeds(k)
+                infos += [helper.make_tensor_value_info(source, TensorProto.INT64, [None]),
+                          helper.make_tensor_value_info(shape, TensorProto.INT64, [3]),
+                          helper.make_tensor_value_info(lengths, TensorProto.INT32, [None])]
+            infos.append(helper.make_tensor_value_info(TARGETS, TensorProto.INT64, [ROWS]))
+        return infos
+
+    # ------------------------------------------------------------------ layouts
+    def rows(self, name: str) -> str:
+        """Value ``name`` in the rows layout: ``[1.., N, *row]``."""
+        if name not in self.padded:
+            return name
+        key = f"{name}/rows"
+        if key not in self.converted:
+            pattern = self.plan.patterns[name]
+            axis, row = pattern.index(None), [int(d) for d in pattern[pattern.index(None) + 1:]]
+            width = self.constant(f"{key}/flat", np.array([-1, *row], np.int64))
+            flat = [self.node("Reshape", [f"{name}/chunk{k}", width], f"{key}/chunk{k}") for k in range(self.chunk_count)]
+            kept = self.node("Gather", [self.node("Concat", flat, f"{key}0", axis=0), BACK], f"{key}1")
+            self.converted[key] = self.node(
+                "Reshape", [kept, self.constant(f"{key}/shape", np.array([1] * axis + [-1, *row], np.int64))], key)
+        return self.converted[key]
+
+    def padded_value(self, name: str, k: int) -> str:
+        """Chunk ``k`` of value ``name`` in the padded layout: ``[size, 1.., Lmax, *row]``, the
+        instance's shape after a batch axis (a constant given per mix: as given)."""
+        if name in self.fed:
+            self.fed_padded.add(name)
+            return f"{name}/chunk{k}"
+        if name in self.padded:
+            return f"{name}/chunk{k}"
+        key = f"{name}/padded"
+        if key not in self.converted:
+            pattern = self.plan.patterns[name]
+            axis, row = pattern.index(None), [int(d) for d in pattern[pattern.index(None) + 1:]]
+            dtype = helper.tensor_dtype_to_np_dtype(record_type(self.plan, name))
+            flat = self.node("Reshape", [name, self.constant(f"{key}/flat", np.array([-1, *row], np.int64))], f"{key}0")
+            zero = self.constant(f"{key}/zero", np.zeros((1, *row), dtype))
+            self.converted[key] = self.node("Concat", [flat, zero], f"{key}1", axis=0)
+            self.zeros[key] = {k for k, d in enumerate(pattern) if d is None}
+            for c in range(self.chunk_count):
+                source, _, size, longest = padded_feeds(c)
+                shape = self.node("Concat", [size, self.constant(f"{key}/before", np.array(pattern[:axis], np.int64)), longest,
+                                             self.constant(f"{key}/row", np.array(row, np.int64))], f"{key}/shape{c}", axis=0)
+                self.node("Reshape", [self.node("Gather", [self.converted[key], source], f"{key}2/chunk{c}"), shape],
+                          f"{key}/chunk{c}")
+        return f"{key}/chunk{k}"
+
+    def valid(self, k: int, rank: int, axis: int) -> str:
+        """Chunk ``k``'s mask of real positions, of rank ``rank`` along ``axis``: ``[size, 1.., Lmax, 1..]``."""
+        mask = padded_feeds(k)[1]
+        key = f"{mask}/{rank}/{axis}"
+        if key not in self.converted:
+            axes = [a for a in range(1, rank) if a != axis]
+            self.converted[key] = self.node("Unsqueeze", [mask, self.constant(f"{key}/axes", np.array(axes, np.int64))],
+                                            key) if axes else mask
+        return self.converted[key]
+
+    def padded_node(self, record: Any, step: Any) -> None:
+        """The node once a chunk, over each chunk's values, with its masks (see ``batcher.instance_axis``)."""
+        out = record.outputs[0]
+        per_instance = [bool(name) and (name in self.plan.patterns or name in step.fed) for name in record.inputs]
+        zeros = self._zeros_after(record, step)
+        for k in range(self.chunk_count):
+            inputs = [self.padded_value(name, k) if mine else name for name, mine in zip(record.inputs, per_instance)]
+            for i, axis in step.zeroed.items():
+                if axis in self._zeros_of(record.inputs[i]):
+                    continue  # its padded positions are zeros already
+                rank = len(self.plan.patterns[record.inputs[i]])
+                zero = self.constant(f"{out}/zero{i}", np.zeros((), _dtype_of(self.plan, record.inputs[i])))
+                inputs[i] = self.node("Where", [self.valid(k, rank + 1, axis + 1), inputs[i], zero],
+                                      f"{out}/zeroed{i}/chunk{k}")
+            if step.key_mask is not None:
+                rank = len(self.plan.patterns[record.inputs[0]])
+                low = self.constant(f"{out}/-inf", np.array(-np.inf, _dtype_of(self.plan, record.inputs[0])))
+                inputs[0] = self.node("Where", [self.valid(k, rank + 1, step.key_mask + 1), inputs[0], low],
+                                      f"{out}/masked/chunk{k}")
+            if step.target is not None:  # (a Squeeze, Unsqueeze or Flatten too)
+                target = self.constant(f"{out}/target", np.array(step.target, np.int64))
+                self.node("Reshape", [inputs[0], target], f"{out}/chunk{k}")
+                continue
+            self.nodes.append(helper.make_node(record.op_type, inputs, [f"{n}/chunk{k}" if n else n for n in record.outputs],
+                                               domain=record.domain or None, **_batched_attributes(record)))
+        self.padded.update(name for name in record.outputs if name)
+        self.zeros[out] = zeros
+
+    def _zeros_of(self, name: str) -> set[int]:
+        return self.zeros.get(name if name in self.padded else f"{name}/padded", set())
+
+    def _zeros_after(self, record: Any, step: Any) -> set[int]:
+        """The axes along which the node's output is 0 at padded positions: those of its input
+        where it only moves values (Transpose, Reshape, Identity), a masked Softmax's axis."""
+        if step.key_mask is not None and record.op_type == "Softmax":
+            return {step.key_mask}
+        source = self._zeros_of(record.inputs[0]) if record.inputs else set()
+        if step.target is not None and len(source) == 1:
+            return {self.plan.patterns[record.outputs[0]].index(None)}
+        if record.op_type == "Transpose":
+            perm = list(record_attribute(record, "perm", []))
+            return {perm.index(axis) for axis in source}
+        return set()
+
+    def recurrent(self, record: Any, x: str) -> None:
+        """A recurrent layer over ``X [rows, 1, d]`` as chunk calls whose ``Y [T, dirs, size, h]``
+        are put back as ``[rows, dirs, 1, h]`` (initial states that are shared zeros are left out:
+        the layer starts from zeros without them)."""
+        y = record.outputs[0]
+        width = record.entries[0].shape[2]
+        dirs = 2 if record_attribute(record, "direction", "forward") == "bidirectional" else 1
+        hidden = record_attribute(record, "hidden_size", None)
+        given = list(record.inputs) + [""] * (PEEPHOLE + 1 - len(record.inputs))
+        weights = given[1:SEQUENCE_LENS]  # W, R and B; the peephole P comes after the initial states
+        peephole = ["", ""] + given[PEEPHOLE:PEEPHOLE + 1] if given[PEEPHOLE] else []
+        attributes = [a for name, a in record.attributes.items() if name != "layout"]
+        flat = self.node("Reshape", [x, self.constant(f"{y}/width", np.array([-1, width], np.int64))], f"{y}/x_rows0")
+        rows = self.node("Concat", [flat, self.constant(f"{y}/zero", np.zeros((1, width), _dtype_of(self.plan, record.inputs[0])))],
+                         f"{y}/x_rows", axis=0)
+        outs = []
+        for k in range(self.chunk_count):
             source, shape, lengths = chunk_feeds(k)
-            inputs += [helper.make_tensor_value_info(source, onnx.TensorProto.INT64, [None]),
-                       helper.make_tensor_value_info(shape, onnx.TensorProto.INT64, [3]),
-                       helper.make_tensor_value_info(lengths, onnx.TensorProto.INT32, [None])]
-        inputs.append(helper.make_tensor_value_info(TARGETS, onnx.TensorProto.INT64, [ROWS]))
-    outputs = [_info(name, _output_type(plan, name), axis) for name, axis in plan.outputs.items()]
-    graph = helper.make_graph(nodes, "instance_axis", inputs, outputs,
-                              [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", plan.opset)])
-    model.ir_version = choose_ir_version(model, None)
-    return model
+            padded = self.node("Reshape", [self.node("Gather", [rows, source], f"{y}/chunk{k}/x0"), shape], f"{y}/chunk{k}/x")
+            out = self.node(record.op_type, [padded, *weights, lengths, *peephole], f"{y}/chunk{k}/y")
+            self.nodes[-1].attribute.extend(attributes)
+            turned = self.node("Transpose", [out], f"{out}t", perm=[0, 2, 1, 3])
+            outs.append(self.node("Reshape", [turned, self.constant(f"{y}/flat", np.array([-1, dirs * hidden], np.int64))],
+                                  f"{out}f"))
+        every = self.node("Gather", [self.node("Concat", outs, f"{y}/chunks", axis=0), TARGETS], f"{y}/rows")
+        self.node("Reshape", [every, self.constant(f"{y}/shape", np.array([-1, dirs, 1, hidden], np.int64))], y)
 
 
-def _recurrent(record: Any, chunk_count: int, constant: Any) -> list[onnx.NodeProto]:
-    """A recurrent layer over ``X [rows, 1, d]`` as chunk calls whose ``Y [T, dirs, size, h]``
-    are put back as ``[rows, dirs, 1, h]`` (initial states that are shared zeros are left out:
-    the layer starts from zeros without them)."""
-    x, y = record.inputs[0], record.outputs[0]
-    width = record.entries[0].shape[2]
-    dirs = 2 if record_attribute(record, "direction", "forward") == "bidirectional" else 1
-    hidden = record_attribute(record, "hidden_size", None)
-    given = list(record.inputs) + [""] * (PEEPHOLE + 1 - len(record.inputs))
-    weights = given[1:SEQUENCE_LENS]  # W, R and B; the peephole P comes after the initial states
-    peephole = ["", ""] + given[PEEPHOLE:PEEPHOLE + 1] if given[PEEPHOLE] else []
-    attributes = [a for name, a in record.attributes.items() if name != "layout"]
-    rows = f"{y}/x_rows"
-    nodes = [helper.make_node("Reshape", [x, constant(f"{y}/width", np.array([-1, width], np.int64))], [rows + "0"]),
-             helper.make_node("Concat", [rows + "0", constant(f"{y}/zero", np.zeros((1, width), _dtype(record)))],
-                              [rows], axis=0)]
-    flat = []
-    for k in range(chunk_count):
-        source, shape, lengths = chunk_feeds(k)
-        padded, out = f"{y}/chunk{k}/x", f"{y}/chunk{k}/y"
-        nodes += [helper.make_node("Gather", [rows, source], [padded + "0"]),
-                  helper.make_node("Reshape", [padded + "0", shape], [padded]),
-                  helper.make_node(record.op_type, [padded, *weights, lengths, *peephole], [out]),
-                  helper.make_node("Transpose", [out], [out + "t"], perm=[0, 2, 1, 3]),
-                  helper.make_node("Reshape", [out + "t", constant(f"{y}/flat", np.array([-1, dirs * hidden], np.int64))],
-                                   [out + "f"])]
-        nodes[-3].attribute.extend(attributes)
-        flat.append(out + "f")
-    nodes += [helper.make_node("Concat", flat, [f"{y}/chunks"], axis=0),
-              helper.make_node("Gather", [f"{y}/chunks", TARGETS], [f"{y}/rows"]),
-              helper.make_node("Reshape", [f"{y}/rows", constant(f"{y}/shape", np.array([-1, dirs, 1, hidden], np.int64))],
-                               [y])]
-    return nodes
+def lower(plan: InstanceAxisPlan, chunk_count: int) -> onnx.ModelProto:
+    """The plan as one ONNX graph for a mix whose recurrent layers run in ``chunk_count`` chunks."""
+    return _Lowering(plan, chunk_count).lower()
 
 
 def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
-              recurrent: bool) -> tuple[dict[str, np.ndarray], int]:
-    """The lowered graph's feeds for this mix (instances of these ``lengths``), and its chunks."""
-    feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=axis) for name, axis in plan.inputs.items()}
-    if not recurrent:
-        return feeds, 0
+              constants: Sequence[Mapping[str, np.ndarray]], names: set[str]) -> tuple[dict[str, np.ndarray], int]:
+    """The lowered graph's feeds for this mix (instances of these ``lengths``, whose own
+    ``constants`` give those fed per mix), of those its graph reads (``names``), and its chunks."""
+    lengths = [int(n) for n in lengths]
+    feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
+    fed = {name: pattern for step in plan.steps for name, pattern in step.fed.items()}
+    for name, pattern in fed.items():
+        arrays = [aligned(c[name], pattern) for c in constants]
+        if any(step.kind == PADDED and name in step.fed for step in plan.steps):
+            for k, part in enumerate(chunks(lengths, CHUNK)):
+                feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in part.members], pattern, int(part.lengths[0]))
+        else:
+            feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
     parts: list[Chunk] = chunks(lengths, CHUNK)
+    if BACK in names:
+        feeds.update(_padded_chunks(parts, lengths))
+    if TARGETS not in names:
+        return feeds, len(parts)
     targets = np.empty(sum(lengths), np.int64)
     offset = 0
     for k, part in enumerate(parts):
@@ -131,6 +282,42 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
     return feeds, len(parts)
 
 
+def _padded_chunks(parts: Sequence[Chunk], lengths: Sequence[int]) -> dict[str, np.ndarray]:
+    """The padded layout's feeds: each chunk's (``padded_feeds``), and where each row is."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    feeds, back, offset = {}, np.empty(sum(lengths), np.int64), 0
+    for k, part in enumerate(parts):
+        source, valid, size, longest = padded_feeds(k)
+        count, most = len(part.members), int(part.lengths[0])
+        positions = np.arange(most)[None, :]
+        real = positions < part.lengths[:, None]
+        feeds[valid], feeds[size], feeds[longest] = real, np.array([count]), np.array([most])
+        rows = starts[part.members][:, None] + positions
+        feeds[source] = np.where(real, rows, sum(lengths)).ravel()
+        back[rows[real]] = offset + np.flatnonzero(real)
+        offset += count * most
+    feeds[BACK] = back
+    return feeds
+
+
+def _padded(arrays: Sequence[np.ndarray], pattern: tuple, longest: int) -> np.ndarray:
+    """Each instance's constant in a batch padded to ``longest`` (zeros past its length)."""
+    result = np.zeros([len(arrays)] + [longest if d is None else d for d in pattern], arrays[0].dtype)
+    for b, array in enumerate(arrays):
+        result[(b, *(slice(0, n) for n in array.shape))] = array
+    return result
+
+
+def _batched_attributes(record: Any) -> dict[str, Any]:
+    """The node's attributes on a new leading batch axis: an axis or a perm one further right."""
+    attributes = {name: helper.get_attribute_value(proto) for name, proto in record.attributes.items()}
+    if record.op_type == "Transpose":
+        attributes["perm"] = [0, *(p + 1 for p in attributes["perm"])]
+    elif "axis" in attributes and attributes["axis"] >= 0:
+        attributes["axis"] += 1
+    return attributes
+
+
 class InstanceAxisRunner:
     """Runs a node-level plan on onnxruntime (``settings``) or the NumPy interpreter (None): one
     lowered graph, and its session, per number of chunks."""
@@ -138,23 +325,24 @@ class InstanceAxisRunner:
     def __init__(self, plan: InstanceAxisPlan, settings: OrtSettings | None) -> None:
         self.plan = plan
         self.settings = settings
-        self.recurrent = any(signature[0] == "sequences" for signature in plan.signatures)
         self._runs: dict[int, Any] = {}  # chunks -> run(output names, feeds)
+        self._reads = {input.name for input in lower(plan, 1).graph.input}
 
-    def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]],
-            lengths: Sequence[int]) -> tuple[list[list[np.ndarray]], int]:
+    def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
+            constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[list[np.ndarray]], int]:
         """Outputs ``names`` of every instance (``lengths``: its rows), and the chunks it ran in."""
-        feeds, count = mix_feeds(self.plan, feeds_list, lengths, self.recurrent)
+        feeds, count = mix_feeds(self.plan, feeds_list, lengths, constants, self._reads)
         values = run_session(self._run(count), list(names), feeds)
         cuts = np.cumsum(lengths)[:-1]
-        split = [np.split(value, cuts, axis=self.plan.outputs[name]) for name, value in zip(names, values)]
+        split = [np.split(value, cuts, axis=self.plan.axis(name)) for name, value in zip(names, values)]
         return [list(outputs) for outputs in zip(*split)], count
 
     def launches(self, chunk_count: int) -> dict[str, int]:
-        """The lowered graph's launches by op type of the model (a recurrent layer's: its chunks)."""
+        """The lowered graph's launches by op type of the model (a recurrent layer's and a padded
+        step's: one a chunk)."""
         counts: dict[str, int] = {}
-        for record, signature in zip(self.plan.records, self.plan.signatures):
-            counts[record.op_type] = counts.get(record.op_type, 0) + (chunk_count if signature[0] == "sequences" else 1)
+        for record, step in zip(self.plan.records, self.plan.steps):
+            counts[record.op_type] = counts.get(record.op_type, 0) + (chunk_count if step.kind in ("sequences", PADDED) else 1)
         return counts
 
     def _run(self, count: int) -> Any:
@@ -169,20 +357,22 @@ class InstanceAxisRunner:
         return run
 
 
-def _info(name: str, vtype: ValueType, axis: int) -> onnx.ValueInfoProto:
-    shape = [ROWS if k == axis else size for k, size in enumerate(vtype.shape)]
-    return helper.make_tensor_value_info(name, vtype.elem_type, shape)
+def _info(name: str, pattern: tuple, size: str | None, elem_type: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, [size or None if d is None else d for d in pattern])
 
 
-def _input_type(plan: InstanceAxisPlan, name: str) -> ValueType:
-    return next(entry for record in plan.records for entry, read in zip(record.entries, record.inputs) if read == name)
+def record_type(plan: InstanceAxisPlan, name: str) -> int:
+    """The element type of a per-instance value of the plan."""
+    for record in plan.records:
+        if name in record.outputs:
+            return record.types[record.outputs.index(name)].elem_type
+        for read, entry in zip(record.inputs, record.entries):
+            if read == name and hasattr(entry, "elem_type"):
+                return entry.elem_type
+    raise KeyError(name)
 
 
-def _output_type(plan: InstanceAxisPlan, name: str) -> ValueType:
-    record = next(r for r in plan.records if name in r.outputs)
-    return record.types[record.outputs.index(name)]
-
-
-def _dtype(record: Any) -> np.dtype:
-    return helper.tensor_dtype_to_np_dtype(record.entries[0].elem_type)
-
+def _dtype_of(plan: InstanceAxisPlan, name: str) -> np.dtype:
+    if name in plan.weights:
+        return plan.weights[name].dtype
+    return helper.tensor_dtype_to_np_dtype(record_type(plan, name))

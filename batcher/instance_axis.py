@@ -2,134 +2,322 @@
 node of the model, not once per record of every mix.
 
 A model exported for one instance (``ids [1, L]``) computes every instance with the same nodes;
-only the length differs. Where each node is row-wise across lengths (``batcher.ragged``: its
-length-free signature is the same at every length) or a recurrent layer over the sequence
-(``batcher.sequences``), the batch of any mix is the model's own graph run once over every
-instance's rows concatenated along that axis: ``[1, L, d]`` becomes ``[1, N, d]``, N the rows of
-the whole batch. So the plan is made once, from two instances of different lengths (``probe``),
-and a new mix only has to show that each of its input signatures signs as the plan does
+only the length differs. The batch of any mix then runs the model's own graph once, over every
+instance's rows: so the plan is made once, from two instances of different lengths (``probe``),
+and a new mix only has to show that each of its input signatures fits it
 (``InstanceAxisPlan.refusal``, once per signature) and to give the index arrays of its lengths
-(``backends.instance_axis``). Planning a new mix then costs microseconds, not a pass over its
-records, and the lowered graph serves every mix.
+(``backends.instance_axis``). A new mix costs microseconds of planning, and one lowered graph
+serves every mix. A node runs in one of two layouts:
 
-Not taken (a refusal says which node and why, and the flat planner plans such mixes): an op that
-is not row-wise (attention's products of two per-instance values), segment reductions and
-losses, a recurrent layer whose final states are read, instances whose inputs differ in length,
-and constants that differ between lengths other than a reshape's target.
+- **rows**: where it is row-wise across lengths (``batcher.ragged``: its length-free signature is
+  the same at every length), over every instance's rows concatenated: ``[1, L, d]`` becomes
+  ``[1, N, d]``. A reshape of each row is a Reshape to its row shape; a recurrent layer runs as
+  padded chunks of sequences (``batcher.sequences``).
+- **padded**: where it is not (attention: a product of two per-instance values, ``[1, H, L, L]``),
+  over the instances sorted by length and cut into chunks of 8, each padded to its longest:
+  ``[8, 1, H, Lmax, Lmax]``, the model's node itself on a new leading batch axis (its axis
+  attributes one further right). A padded position never reaches a real one: a Softmax over a
+  length axis first sets its padded positions to -inf (``key_mask``), a product summing over a
+  length axis first zeroes both operands' padded positions there (``zeroed``), and the only other
+  nodes taken keep each position apart (elementwise ops, Transpose, Reshape keeping the
+  positions, Concat along other axes). So every real position is computed from real ones only,
+  in the kernels' own summation order (float32 within 1e-5 relative).
+
+A constant folded for each length (a position-embedding slice, a causal mask) is given per mix:
+each instance's own, concatenated (rows) or padded (``fed``). Not taken (a refusal names the
+node, and the flat planner plans such mixes): other ops, segment reductions and losses, a
+recurrent layer whose final states are read, instances whose inputs differ in length.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from autobatch.batcher.instances import InstanceRecords, alike
-from autobatch.batcher.ragged import one_row_signatures, ragged_signature, rows_of
+from autobatch.batcher.ragged import ELEMENTWISE, one_row_signatures, ragged_signature, record_attribute
 from autobatch.batcher.rule_tables import Refusal, refuse
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir.records import Record
+from autobatch.ir.types import ValueType, type_of_value
 
-KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free signatures a node-level plan takes
-ONE_ROW = -1  # a value of at most one row says nothing of its axis
+ROWS_KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free signatures the rows layout takes
+PADDED_ELEMENTWISE = frozenset({*ELEMENTWISE, "IsNaN", "IsInf"})
+PADDED = "padded"
+Pattern = tuple  # a per-instance value's shape, None at each axis of the instance's length
+
+
+@dataclass
+class Step:
+    """What the plan does with one record: its ``kind`` (a rows kind or ``PADDED``), the
+    length-free ``signature`` every instance's record must sign (rows kinds), the constants given
+    per mix (``fed``: name -> its pattern), and for a padded step the input indices whose padded
+    positions are zeroed along an axis first (``zeroed``), the axis a Softmax masks (``key_mask``)
+    and a Reshape's target (``target``: 0 keeps the batch axis, -1 the length); its axes are the
+    instance's (the padded layout's are one further right)."""
+
+    kind: str
+    signature: tuple = ()
+    fed: dict[str, Pattern] = field(default_factory=dict)
+    zeroed: dict[int, int] = field(default_factory=dict)
+    key_mask: int | None = None
+    target: tuple[int, ...] | None = None
 
 
 @dataclass
 class InstanceAxisPlan:
-    """Every node of a model's instance, batched along the rows' axis: ``records`` (the probe's,
-    in order) with their length-free ``signatures``; the model's ``inputs`` and ``outputs`` with the
-    axis their rows run along; the shared constants the records read (``weights``)."""
+    """Every node of a model's instance, batched along the length axis: ``records`` (the probe's,
+    in order) and their ``steps``; the ``patterns`` of per-instance values (the model's inputs,
+    outputs and every node's); the shared constants (``weights``)."""
 
     records: list[Record]
-    signatures: list[tuple]
+    steps: list[Step]
     weights: dict[str, np.ndarray]
-    inputs: dict[str, int]
-    outputs: dict[str, int]
+    patterns: dict[str, Pattern]
+    inputs: list[str]
+    outputs: list[str]
     opset: int
+
+    def axis(self, name: str) -> int:
+        """The axis of a per-instance value's rows (of the model's inputs and outputs: the first
+        axis of the instance's length)."""
+        return self.patterns[name].index(None)
 
     def refusal(self, instance: InstanceRecords) -> Refusal | None:
         """Why an instance of another input signature is not computed by this plan (its nodes
         sign otherwise, or read other constants), or None."""
         if len(instance.records) != len(self.records):
             return refuse(f"its graph has {len(instance.records)} nodes, not {len(self.records)}")
-        for record, mine, signature in zip(instance.records, self.records, self.signatures):
+        length = self.length({name: getattr(_type(instance, name), "shape", None) for name in self.inputs})
+        if isinstance(length, Refusal):
+            return length
+        for record, mine, step in zip(instance.records, self.records, self.steps):
+            where = f"{mine.op_type} {mine.outputs[0]!r}"
             if record.op_type != mine.op_type:
                 return refuse(f"node {mine.outputs[0]!r} is {record.op_type}, not {mine.op_type}")
-            found = _signature(record, instance.weights, self.opset)
-            if found != signature and signature not in one_row_signatures(
-                    record, instance.weights, self.opset, attributes_key(record.attributes)):
-                return refuse(f"{mine.op_type} {mine.outputs[0]!r} signs otherwise at this length")
-            if signature[0] != "reshape" and any(not alike(instance.weights[name], self.weights[name])
-                                                 for name in _constants(record, instance.weights)):
-                return refuse(f"{mine.op_type} {mine.outputs[0]!r} reads a constant of this length's own")
+            shared = [name for name in _constants(record, instance.weights) if name not in step.fed]
+            if step.kind != "reshape" and any(not alike(instance.weights[name], self.weights[name]) for name in shared):
+                return refuse(f"{where} reads a constant of this length's own")
+            if any(not _fits(aligned(instance.weights[name], pattern).shape, pattern, length)
+                   for name, pattern in step.fed.items()):
+                return refuse(f"{where} reads a constant of another shape")
+            if step.kind == PADDED:
+                values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
+                    [(name, entry) for name, entry in zip(record.inputs, record.entries) if isinstance(entry, ValueType)]
+                if any(vtype is None or not _fits(vtype.shape, self.patterns[name], length) for name, vtype in values):
+                    return refuse(f"{where} has other shapes at this length")
+                continue
+            found = _signature(record, instance.weights, self.opset, step.fed)
+            if found != step.signature and step.signature not in one_row_signatures(
+                    _with_fed(record, instance.weights, step.fed), instance.weights, self.opset,
+                    attributes_key(record.attributes)):
+                return refuse(f"{where} signs otherwise at this length")
         return None
 
-    def length(self, shapes: Mapping[str, Sequence[int]]) -> int | Refusal:
-        """The rows of an instance whose inputs have these ``shapes``: the same along every input's axis."""
-        lengths = {shapes[name][axis] for name, axis in self.inputs.items()}
+    def length(self, shapes: Mapping[str, Sequence[int] | None]) -> int | Refusal:
+        """The length of an instance whose inputs have these ``shapes``: the same along each
+        input's length axes, the rest as the model's."""
+        lengths = {shapes[name][k] for name in self.inputs for k, d in enumerate(self.patterns[name])  # type: ignore[index]
+                   if d is None and shapes[name] is not None and len(shapes[name]) == len(self.patterns[name])}  # type: ignore[arg-type]
         if len(lengths) != 1:
-            return refuse(f"its inputs differ in length: {sorted(lengths)}")
-        return lengths.pop()
+            return refuse(f"its inputs differ in length: {sorted(lengths)}" if lengths else "its inputs have other ranks")
+        length = lengths.pop()
+        if not all(_fits(shapes[name], self.patterns[name], length) for name in self.inputs):
+            return refuse("its inputs have other shapes than the model's")
+        return length
 
 
 def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: Sequence[str],
           opset: int) -> InstanceAxisPlan | Refusal | None:
     """The plan of a model from two of its instances of different lengths, a refusal naming the
-    node that stops it, or None where their inputs' or outputs' rows do not run along one axis:
-    a value of one row (or none) does not tell its axis, and two other instances may."""
+    node that stops it, or None where they do not tell the length axes (an input of one row)."""
     first, second = instances
     if len(first.records) != len(second.records):
         return refuse("its graph differs between lengths")
+    lengths = _lengths(instances, inputs[0]) if inputs else None
+    if lengths is None or min(lengths) < 2:  # (at one row, rows_of may take another axis for the rows')
+        return None
+    patterns: dict[str, Pattern] = {}
+    for name in inputs:
+        pattern = _pattern(_type(first, name), _type(second, name), lengths)  # type: ignore[arg-type]
+        if pattern is None or pattern.count(None) != 1 or _rows_axis(pattern) is None:
+            return refuse(f"input {name!r} has no rows along one axis of its length")
+        patterns[name] = pattern
+    padded = set()  # values in the padded layout
     read = {name for record in first.records for name in record.inputs} | set(outputs)
-    signatures = []
+    steps = []
     for a, b in zip(first.records, second.records):
         where = f"{a.op_type} {a.outputs[0]!r}"
-        sig_a, sig_b = _signature(a, first.weights, opset), _signature(b, second.weights, opset)
-        for found in (sig_a, sig_b):
-            if isinstance(found, Refusal):
-                return refuse(f"{where}: {found.reason}")
-        if sig_a[0] not in KINDS:
-            return refuse(f"{where}: a {sig_a[0]} step")
-        if sig_a != sig_b:
-            return refuse(f"{where} signs otherwise at another length")
-        if sig_a[0] == "sequences" and any(name in read for name in a.outputs[1:]):
+        fed = {}
+        for name in _constants(a, first.weights):
+            if not alike(first.weights[name], second.weights[name]):
+                pattern = _pattern(type_of_value(first.weights[name]), type_of_value(second.weights[name]), lengths)  # type: ignore[arg-type]
+                fed[name] = pattern  # (None: no pattern; refused below unless a reshape's target)
+        for name, (type_a, type_b) in zip(a.outputs, zip(a.types, b.types)):
+            if name:
+                pattern = _pattern(type_a, type_b, lengths)  # type: ignore[arg-type]
+                if pattern is None:
+                    return refuse(f"{where}: its output {name!r} is not of the instance's length")
+                patterns[name] = pattern
+        step = _rows_step(a, b, first, second, opset, fed)
+        if isinstance(step, Refusal):
+            step = _padded_step(a, first.weights, fed, patterns, opset)
+            if isinstance(step, Refusal):
+                return refuse(f"{where}: {step.reason}")
+            padded.update(name for name in a.outputs if name)
+        elif step.kind == "sequences" and any(name in read for name in a.outputs[1:]):
             return refuse(f"{where}: its final states are read")
-        if sig_a[0] != "reshape" and any(not alike(first.weights[name], second.weights[name])
-                                         for name in _constants(a, first.weights)):
-            return refuse(f"{where} reads a constant that differs between lengths")
-        signatures.append(sig_a)
-    axes = {}
-    for name in [*inputs, *outputs]:
-        found = [_rows_axis(piece, name) for piece in instances]
-        if None in found:
-            return refuse(f"{name!r} has no shape known")
-        if ONE_ROW in found or found[0] != found[1]:  # (a value of one row [1, 1, d] seems to run along d)
-            return None
-        axes[name] = found[0]
-    return InstanceAxisPlan(first.records, signatures, first.weights, {n: axes[n] for n in inputs},
-                            {n: axes[n] for n in outputs}, opset)
+        if any(pattern is None for pattern in step.fed.values()):
+            return refuse(f"{where} reads a constant that differs between lengths, not along its length")
+        if step.kind != PADDED:  # what it reads in the padded layout goes back to rows
+            if any(name in padded and _rows_axis(patterns[name]) is None for name in a.inputs):
+                return refuse(f"{where} reads a padded value that has no rows")
+        steps.append(step)
+    for name in outputs:
+        if name not in patterns or patterns[name].count(None) != 1 or _rows_axis(patterns[name]) is None:
+            return refuse(f"output {name!r} has no rows along one axis of its length")
+    return InstanceAxisPlan(first.records, steps, first.weights, patterns, list(inputs), list(outputs), opset)
 
 
-def _signature(record: Record, weights: Mapping[str, np.ndarray], opset: int) -> tuple | Refusal:
-    return ragged_signature(record, weights, opset, attributes_key(record.attributes))
+def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRecords, opset: int,
+               fed: dict[str, Pattern | None]) -> Step | Refusal:
+    """The record as a rows step (its signature the same at both lengths), or why not. (A padded
+    value it reads goes back to rows: a Gather of its real positions, cheaper than running every
+    padded position.)"""
+    sig_a = _signature(a, first.weights, opset, {})
+    if not isinstance(sig_a, Refusal) and sig_a[0] == "reshape":  # its target, folded per length, is not read
+        return Step("reshape", sig_a) if sig_a == _signature(b, second.weights, opset, {}) else refuse("a reshape")
+    if any(pattern is None for pattern in fed.values()):
+        return refuse("a constant that differs between lengths")
+    sig_a = _signature(a, first.weights, opset, fed)
+    if isinstance(sig_a, Refusal):
+        return sig_a
+    if sig_a[0] not in ROWS_KINDS:
+        return refuse(f"a {sig_a[0]} step")
+    if sig_a != _signature(b, second.weights, opset, fed):
+        return refuse("it signs otherwise at another length")
+    return Step(sig_a[0], sig_a, dict(fed))  # type: ignore[arg-type]
+
+
+def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
+                 patterns: dict[str, Pattern], opset: int) -> Step | Refusal:
+    """The record as a padded step (see the module), or why not."""
+    data = {k: patterns[name] for k, (name, entry) in enumerate(zip(record.inputs, record.entries))
+            if isinstance(entry, ValueType)}
+    outs = [patterns[name] for name in record.outputs if name]
+    if outs:  # a constant of a lower rank broadcasts as one with leading 1s
+        fed = {name: p if p is None else (1,) * (len(outs[0]) - len(p)) + p for name, p in fed.items()}
+    if record.domain or not outs:
+        return refuse("not row-wise, and no padded rule")
+    if any(p is None for p in fed.values()):
+        return refuse("a constant that differs between lengths, not along its length")
+    step = Step(PADDED, fed=dict(fed))  # type: ignore[arg-type]
+    op = record.op_type
+    if op in PADDED_ELEMENTWISE or op == "Concat" and (len(record.inputs) == 1 or outs[0][
+            record_attribute(record, "axis", 0) % len(outs[0])] is not None):
+        return step
+    if op in ("Gather", "Split") and list(data) == [0]:  # along an axis of the instance's own, not the length
+        axis = record_attribute(record, "axis", 0) % len(data[0])
+        return step if data[0][axis] is not None else refuse(f"a {op} along the length")
+    if op == "Transpose":
+        perm = record_attribute(record, "perm", None)
+        return step if perm is not None else refuse("a Transpose without its perm")
+    if op in ("Softmax", "LogSoftmax"):
+        rank = len(outs[0])
+        axis = record_attribute(record, "axis", -1 if opset >= 13 else 1) % rank
+        if opset < 13 and axis != rank - 1:
+            return refuse(f"{op}-{opset} over more than its last axis")
+        step.key_mask = axis if outs[0][axis] is None else None
+        return step
+    if op == "MatMul" and 0 in data:
+        a = data[0]
+        if a[-1] is None:  # a sum over the length: both sides' padded positions zeroed
+            if 1 not in data or len(data[1]) < 2:
+                return refuse("a product over the length by a shared operand")
+            step.zeroed = {0: len(a) - 1, 1: len(data[1]) - 2}
+        return step
+    if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and list(data) == [0]:  # run as a Reshape
+        source, out = data[0], outs[0]
+        if source.count(None) != 1 or out.count(None) != 1 or record_attribute(record, "allowzero", 0):
+            return refuse(f"a {op} of other than one length axis")
+        before = [math.prod(p[:p.index(None)]) for p in (source, out)]  # (each position's elements stay its own)
+        if before[0] != before[1]:
+            return refuse(f"a {op} that moves the length")
+        step.target = (0, *(-1 if d is None else d for d in out))
+        return step
+    return refuse("not row-wise, and no padded rule")
+
+
+def _signature(record: Record, weights: Mapping[str, np.ndarray], opset: int, fed: Mapping[str, object]) -> tuple | Refusal:
+    return ragged_signature(_with_fed(record, weights, fed), weights, opset, attributes_key(record.attributes))
+
+
+def _with_fed(record: Record, weights: Mapping[str, np.ndarray], fed: Mapping[str, object]) -> Record:
+    """The record with its ``fed`` constants as per-instance operands (their types)."""
+    if not fed:
+        return record
+    return record._replace(entries=tuple(type_of_value(weights[e]) if type(e) is str and e in fed else e
+                                         for e in record.entries))
 
 
 def _constants(record: Record, weights: Mapping[str, np.ndarray]) -> list[str]:
     return [entry for entry in record.entries if type(entry) is str and entry in weights]
 
 
-def _rows_axis(instance: InstanceRecords, name: str) -> int | None:
-    """The axis the rows of value ``name`` run along in this instance, ``ONE_ROW``, or None
-    where its shape is not known."""
+def _type(instance: InstanceRecords, name: str) -> ValueType | None:
+    """The type of value ``name`` in this instance."""
     if name in instance.producer:
         record = instance.records[instance.producer[name]]
-        vtype = record.types[record.outputs.index(name)]
-    else:
-        vtype = next((entry for record in instance.records for entry, read in zip(record.entries, record.inputs)
-                      if read == name), None)
-    shape = getattr(vtype, "shape", None)
-    if shape is None or not all(isinstance(d, int) for d in shape):
+        return record.types[record.outputs.index(name)]
+    return next((entry for record in instance.records for entry, read in zip(record.entries, record.inputs)
+                 if read == name and isinstance(entry, ValueType)), None)
+
+
+def _lengths(instances: Sequence[InstanceRecords], name: str) -> tuple[int, int] | None:
+    """The two instances' lengths: the sizes of the one axis where input ``name`` differs."""
+    shapes = [getattr(_type(piece, name), "shape", None) for piece in instances]
+    if None in shapes or len(shapes[0]) != len(shapes[1]):  # type: ignore[arg-type]
         return None
-    run = rows_of(shape)
-    return ONE_ROW if run is None or run[1] < 2 else run[0]
+    differ = [(x, y) for x, y in zip(*shapes) if x != y]  # type: ignore[call-overload]
+    return differ[0] if len(differ) == 1 and all(isinstance(d, int) for d in differ[0]) else None
+
+
+def _pattern(a: ValueType | None, b: ValueType | None, lengths: Sequence[int]) -> Pattern | None:
+    """The shape of a value at both lengths, None where it is each length; None where the two
+    differ otherwise."""
+    if a is None or b is None or a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return None
+    pattern = []
+    for x, y in zip(a.shape, b.shape):
+        if not isinstance(x, int) or not isinstance(y, int):
+            return None
+        if x == y:
+            pattern.append(x)
+        elif (x, y) == tuple(lengths):
+            pattern.append(None)
+        else:
+            return None
+    return tuple(pattern)
+
+
+def _rows_axis(pattern: Pattern) -> int | None:
+    """The length axis of a value whose rows are contiguous (every axis before it 1)."""
+    if pattern.count(None) != 1:
+        return None
+    axis = pattern.index(None)
+    return axis if all(d == 1 for d in pattern[:axis]) else None
+
+
+def aligned(array: np.ndarray, pattern: Pattern) -> np.ndarray:
+    """A constant given per mix, with the leading 1s of its pattern's rank."""
+    return array.reshape((1,) * (len(pattern) - array.ndim) + array.shape) if array.ndim < len(pattern) else array
+
+
+def _fits(shape: Sequence[int] | None, pattern: Pattern, length: int) -> bool:
+    return shape is not None and len(shape) == len(pattern) and all(
+        s == (length if d is None else d) for s, d in zip(shape, pattern))
+
+

@@ -80,12 +80,16 @@ def row_wise(when: str, *op_types: str) -> Callable[[RowWise], RowWise]:
     return install_in(ROW_WISE, op_types, lambda check: RowRule(when, check))
 
 
+ELEMENTWISE = (
+    "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
+    "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
+    "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Cast",
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "Less",
+    "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip")
+
+
 @row_wise("per-instance operands of one shape, kept by the result, and shared ones that do not reach the rows' axis",
-          "Abs", "Acos", "Asin", "Atan", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid",
-          "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid",
-          "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "Cast",
-          "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal", "Less",
-          "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip")
+          *ELEMENTWISE)
 def _elementwise(rows: Rows) -> bool:
     record, data, axis, rank = rows.record, rows.data, rows.axis, rows.rank
     out = record.types[0].shape if record.types and record.types[0] is not None else None

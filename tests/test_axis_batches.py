@@ -13,7 +13,7 @@ import pytest
 
 import autobatch
 from autobatch.batcher.sequences import CHUNK
-from tests.oracle import assert_same
+from tests.oracle import assert_batched_equals_alone, assert_same
 from tests.test_sequences import D, layer_model, sequences
 
 
@@ -110,3 +110,47 @@ def test_an_empty_sequence_in_a_mix_gets_its_own_results(backend):
     assert got[1][0].shape == (0, 2, 1, 4)
     for k in (0, 2, 3):
         assert_same(got[k][0], session.run(None, batch[k])[0], rtol=1e-5, atol=1e-6, what=f"instance {k}")
+
+
+LENGTHS = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10, 17, 3, 6, 2, 11]  # 3 chunks of at most 8
+
+
+@pytest.mark.parametrize("name", ["attention", "causal", "fraction", "heads"])
+def test_attention_runs_padded_a_launch_a_chunk_with_each_instances_results(backend, name):
+    """Attention's products of one instance with itself run padded, each chunk of 8 instances
+    (sorted by length) to its longest, within the one graph; a mask folded for each length is
+    given per mix, padded, whether or not it is the corner of a longer one's (``fraction`` is
+    not); the heads split by a Gather and a Squeeze run padded too, on the batch axis before them."""
+    from tests.test_padding import ATTENTION, CAUSAL, FRACTION, HEADS, _masked
+
+    model = {"attention": ATTENTION, "causal": _masked(CAUSAL), "fraction": _masked(FRACTION), "heads": HEADS}[name]
+    width = 6 if name == "heads" else 4
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(8)
+    for lengths in (LENGTHS, [int(n) for n in rng.integers(1, 30, 9)]):  # the second: new lengths
+        batch = [{"x": rng.standard_normal((1, n, width)).astype(np.float32)} for n in lengths]
+        # summed over more (padded, zeroed) terms, a product may round otherwise: 1e-5 absolute more
+        assert_batched_equals_alone(session, batch, atol=1e-5)
+        report, chunks = session.stats.report, math.ceil(len(lengths) / CHUNK)
+        assert report.scheduler == "instance axis"
+        assert report.launches_by_op["Softmax"] == chunks and report.launches_by_op["MatMul"] == 2 * chunks
+
+
+def test_a_padded_position_never_reaches_a_real_one(backend):
+    """A value that is not finite at every padded position (the log of the zero rows, -inf)
+    still leaves every real position its own: a Softmax over the length masks the padded ones,
+    and a product over the length zeroes both sides' padded positions first."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] c) {
+        a = Abs(x)
+        v = Log(a)
+        k = Transpose<perm = [0, 2, 1]>(v)
+        s = MatMul(v, k)
+        p = Softmax<axis = -1>(s)
+        w = Log(p)
+        c = MatMul(w, v) }""")
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(9)
+    batch = [{"x": (rng.standard_normal((1, n, 4)) + 3).astype(np.float32)} for n in (2, 7, 3, 5)]
+    assert_batched_equals_alone(session, batch, rtol=1e-4, atol=1e-5)
+    assert session.stats.report.scheduler == "instance axis"

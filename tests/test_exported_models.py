@@ -9,6 +9,7 @@ tests skip.)"""
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -44,13 +45,13 @@ def exported(tmp_path_factory):
 
 
 def run_and_compare(path: Path, backend: str, rtol: float = 1e-5, atol: float = 1e-6,
-                    lengths: list[int] = LENGTHS) -> InferenceSession:
+                    lengths: list[int] = LENGTHS, node_level: bool = True) -> InferenceSession:
     """``run_batch`` twice (planned, then the kept plan: on onnxruntime one session) equals
     onnxruntime alone on each instance."""
     rng = np.random.default_rng(0)
     batch = [{"ids": rng.integers(0, exports.VOCABULARY, (1, n))} for n in lengths]
     alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    session = InferenceSession(str(path), backend=backend)
+    session = InferenceSession(str(path), backend=backend, node_level=node_level)
     for _ in range(2):
         got = session.run_batch(None, batch)
         for k, feeds in enumerate(batch):
@@ -99,20 +100,24 @@ def test_an_exported_recurrent_tagger_batches_texts_of_one_length(exported, cell
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("node_level", [True, False])
 @pytest.mark.parametrize("name, dynamo", [("encoder", True), ("bert", False), ("bert", True), ("gpt2", False),
                                           ("gpt2", True)])
-def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(exported, name, dynamo, backend):
+def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(exported, name, dynamo, node_level, backend):
     """Every projection, layer norm and feed-forward layer is one launch over the rows of every
     text, whatever their lengths; the attention products of one text with itself run padded, a
-    launch for every 8 texts (``batcher.padding``), no longer a launch a length."""
+    launch for every 8 texts, no longer a launch a length: planned once for every mix where
+    ``node_level`` (``batcher.instance_axis``; not the TransformerEncoder, whose export reshapes
+    across its two length axes), else per mix (``batcher.padding``)."""
     if name in ("bert", "gpt2"):
         pytest.importorskip("transformers")
     path = exported(name, dynamo=dynamo)
     # A projection of every text's rows at once sums in another order than of one text's (the
     # kernels block by the number of rows): float32 within 1e-4 relative.
-    session = run_and_compare(path, backend, rtol=1e-4, atol=1e-5)
+    session = run_and_compare(path, backend, rtol=1e-4, atol=1e-5, node_level=node_level)
     nodes = assert_row_wise_once(session, path)
     assert session.stats.report.launches_by_op["Softmax"] == math.ceil(len(LENGTHS) / CHUNK) * nodes["Softmax"]
+    assert (session.stats.report.scheduler == "instance axis") == (node_level and name != "encoder")
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
@@ -172,8 +177,7 @@ def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exporte
     assert len(session._flat_plans) == 0
 
 
-def test_an_exported_bert_says_which_node_keeps_it_planned_per_mix(exported):
-    pytest.importorskip("transformers")
-    session = run_and_compare(exported("bert"), "onnxruntime", rtol=1e-4, atol=1e-5)
+def test_an_exported_transformer_encoder_says_which_node_keeps_it_planned_per_mix(exported):
+    session = run_and_compare(exported("encoder", dynamo=True), "onnxruntime", rtol=1e-4, atol=1e-5)
     assert session.stats.report.scheduler != "instance axis"
-    assert session._axis.refusal.startswith("Add ") and "row-wise only as" in session._axis.refusal
+    assert re.fullmatch(r"Reshape '\w+': a Reshape of other than one length axis", session._axis.refusal)

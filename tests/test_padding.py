@@ -26,7 +26,7 @@ def backend(request):
 
 
 def run(backend: str, lengths: list[int]) -> InferenceSession:
-    session = InferenceSession(ATTENTION, backend=backend)
+    session = InferenceSession(ATTENTION, backend=backend, node_level=False)
     rng = np.random.default_rng(0)
     # summed over more (padded, zero) terms, a product may round otherwise: 1e-5 absolute more
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
@@ -73,7 +73,7 @@ def test_heads_split_by_gather_and_squeeze_take_a_launch_a_chunk(backend):
     a Squeeze, and a Concat of one operand (an exporter's past keys and values, none) run padded
     too, a launch a chunk of instances (they took a launch a length)."""
     lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10]
-    session = InferenceSession(HEADS, backend=backend)
+    session = InferenceSession(HEADS, backend=backend, node_level=False)
     rng = np.random.default_rng(1)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 6)).astype(np.float32)} for n in lengths],
                                 atol=1e-5)
@@ -89,7 +89,7 @@ def test_concat_along_a_padded_axis_is_not_padded(backend):
         g (float[1, L, 2] x) => (float[1, M, 2] y) {
         s = Sigmoid(x)
         y = Concat<axis = -2>(s, x) }""")
-    session = InferenceSession(model, backend=backend)
+    session = InferenceSession(model, backend=backend, node_level=False)
     rng = np.random.default_rng(2)
     lengths = [2, 2, 3, 5]
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 2)).astype(np.float32)} for n in lengths])
@@ -135,7 +135,7 @@ def test_a_causal_mask_of_each_length_own_runs_padded(backend):
     """A causal mask folded for each length is the corner of every longer one's: its Add runs a
     launch a chunk of instances (it took a launch a length), each result its own."""
     lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10]
-    session = InferenceSession(_masked(CAUSAL), backend=backend)
+    session = InferenceSession(_masked(CAUSAL), backend=backend, node_level=False)
     rng = np.random.default_rng(3)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
                                 atol=1e-5)
@@ -145,7 +145,7 @@ def test_a_causal_mask_of_each_length_own_runs_padded(backend):
 
 def test_a_mask_of_each_length_that_is_not_a_corner_runs_a_launch_a_length(backend):
     lengths = [3, 9, 1, 4, 4, 7]
-    session = InferenceSession(_masked(FRACTION), backend=backend)
+    session = InferenceSession(_masked(FRACTION), backend=backend, node_level=False)
     rng = np.random.default_rng(4)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths],
                                 atol=1e-5)
