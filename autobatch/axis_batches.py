@@ -38,8 +38,12 @@ class AxisBatches:
         self.refusal: str | None = None
         self._fits: Recent = Recent(SHAPES_KEPT)  # input signature -> its rows, or why it does not fit
         self._undecided = 0  # probes that could not tell the rows' axis
+        # whether the last batch did work once for all later ones (a probe, a signature checked,
+        # a session made): its time says little of the next batches' (``autobatch.ways``)
+        self.fresh = False
 
     def lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
+        self.fresh = self.runner is None
         if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch):
             return None
         fits = []
@@ -48,6 +52,7 @@ class AxisBatches:
             fit = self._fits.get(signature)
             if fit is None:
                 fit = self._fits[signature] = self._fit(self.runner.plan, feeds)  # type: ignore[union-attr]
+                self.fresh = True
             if isinstance(fit, Refusal):
                 log.debug("a batch of %s is planned per mix: an instance %s", self.graph.name, fit.reason)
                 return None
@@ -58,7 +63,9 @@ class AxisBatches:
             fits: Sequence[tuple[int, Mapping[str, np.ndarray]]]) -> tuple[list[list[np.ndarray]], BatchReport]:
         """Outputs ``names`` of every instance (``fits``: what ``lengths`` gave), and what ran."""
         lengths, constants = [length for length, _ in fits], [weights for _, weights in fits]
+        sessions = len(self.runner.runs)  # type: ignore[union-attr]
         results, chunk_count = self.runner.run(names, batch, lengths, constants)  # type: ignore[union-attr]
+        self.fresh = self.fresh or len(self.runner.runs) > sessions  # type: ignore[union-attr]
         plan = self.runner.plan  # type: ignore[union-attr]
         by_op = self.runner.launches(chunk_count)  # type: ignore[union-attr]
         return results, BatchReport("instance axis", len(plan.records) * len(batch), sum(by_op.values()),

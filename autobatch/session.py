@@ -251,7 +251,7 @@ class InferenceSession:
                 self._alone_ways.record(len(checked), False, AT_ONCE if at_once else IN_TURN, seconds["alone"])
         else:
             results = self._run_batched(names, checked, key, seconds, start, fits)
-        if self._ways is not None:
+        if self._ways is not None and not (fits is not None and self._axis.fresh):  # type: ignore[union-attr]
             self._ways.record(len(checked), kept, way, time.perf_counter() - begin)
         return results
 

@@ -325,7 +325,7 @@ class InstanceAxisRunner:
     def __init__(self, plan: InstanceAxisPlan, settings: OrtSettings | None) -> None:
         self.plan = plan
         self.settings = settings
-        self._runs: dict[int, Any] = {}  # chunks -> run(output names, feeds)
+        self.runs: dict[int, Any] = {}  # chunks -> run(output names, feeds): the sessions made
         self._reads = {input.name for input in lower(plan, 1).graph.input}
 
     def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
@@ -346,14 +346,14 @@ class InstanceAxisRunner:
         return counts
 
     def _run(self, count: int) -> Any:
-        run = self._runs.get(count)
+        run = self.runs.get(count)
         if run is None:
             model = lower(self.plan, count)
             if self.settings is None:
                 interpreter = Interpreter(from_onnx(model))
-                run = self._runs[count] = lambda names, feeds, *_: interpreter.run(feeds, names)
+                run = self.runs[count] = lambda names, feeds, *_: interpreter.run(feeds, names)
             else:
-                run = self._runs[count] = new_session(model, self.settings.options, self.settings.providers).run
+                run = self.runs[count] = new_session(model, self.settings.options, self.settings.providers).run
         return run
 
 

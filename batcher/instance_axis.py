@@ -241,7 +241,7 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         return step
     if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and list(data) == [0]:  # run as a Reshape
         source, out = data[0], outs[0]
-        if source.count(None) != 1 or out.count(None) != 1 or record_attribute(record, "allowzero", 0):
+        if source.count(None) != 1 or out.count(None) != 1 or 0 in out:  # (its target's 0 copies the batch axis)
             return refuse(f"a {op} of other than one length axis")
         before = [math.prod(p[:p.index(None)]) for p in (source, out)]  # (each position's elements stay its own)
         if before[0] != before[1]:

@@ -154,3 +154,32 @@ def test_a_padded_position_never_reaches_a_real_one(backend):
     batch = [{"x": (rng.standard_normal((1, n, 4)) + 3).astype(np.float32)} for n in (2, 7, 3, 5)]
     assert_batched_equals_alone(session, batch, rtol=1e-4, atol=1e-5)
     assert session.stats.report.scheduler == "instance axis"
+
+
+def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
+    model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{
+        axes = Constant<value = int64[1] {{1}}>()
+        y = ReduceSum(x, axes) }}""")
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(10)
+    batch = [{"x": rng.standard_normal((1, n, D)).astype(np.float32)} for n in (3, 5, 2)]
+    assert_batched_equals_alone(session, batch)
+    assert session._axis.refusal == "ReduceSum 'y': not row-wise, and no padded rule"
+    assert session.stats.report.scheduler != "instance axis"
+
+
+def test_a_batch_that_did_work_for_later_ones_is_not_timed_for_the_choice_of_way():
+    """Its first batches check new input signatures and make a session: timed, they would make
+    batching look slower than it is, and the session would run its batches alone
+    (``autobatch.ways``)."""
+    rng = np.random.default_rng(11)
+    session = autobatch.InferenceSession(layer_model("LSTM", "forward", 1, rng), backend="onnxruntime")
+    for first in range(10, 90, 10):  # every batch of lengths new to the session
+        batch = sequences(list(range(first, first + 8)), rng)
+        session.run_batch(None, batch)
+        assert session._axis.fresh and session.stats.alone == 0
+    assert not any(kind.recent for kind in session._ways.kinds.values())
+    for _ in range(2):  # nothing new: counted, then timed (the first run of a way is never timed)
+        session.run_batch(None, batch)
+    assert not session._axis.fresh and any(kind.recent for kind in session._ways.kinds.values())

@@ -9,7 +9,6 @@ tests skip.)"""
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from pathlib import Path
 
@@ -107,8 +106,7 @@ def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(expo
     """Every projection, layer norm and feed-forward layer is one launch over the rows of every
     text, whatever their lengths; the attention products of one text with itself run padded, a
     launch for every 8 texts, no longer a launch a length: planned once for every mix where
-    ``node_level`` (``batcher.instance_axis``; not the TransformerEncoder, whose export reshapes
-    across its two length axes), else per mix (``batcher.padding``)."""
+    ``node_level`` (``batcher.instance_axis``), else per mix (``batcher.padding``)."""
     if name in ("bert", "gpt2"):
         pytest.importorskip("transformers")
     path = exported(name, dynamo=dynamo)
@@ -117,7 +115,7 @@ def test_an_exported_transformer_batches_its_row_wise_layers_across_lengths(expo
     session = run_and_compare(path, backend, rtol=1e-4, atol=1e-5, node_level=node_level)
     nodes = assert_row_wise_once(session, path)
     assert session.stats.report.launches_by_op["Softmax"] == math.ceil(len(LENGTHS) / CHUNK) * nodes["Softmax"]
-    assert (session.stats.report.scheduler == "instance axis") == (node_level and name != "encoder")
+    assert (session.stats.report.scheduler == "instance axis") == node_level
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
@@ -175,9 +173,3 @@ def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exporte
         runner = runner or session._axis.runner
         assert session._axis.runner is runner
     assert len(session._flat_plans) == 0
-
-
-def test_an_exported_transformer_encoder_says_which_node_keeps_it_planned_per_mix(exported):
-    session = run_and_compare(exported("encoder", dynamo=True), "onnxruntime", rtol=1e-4, atol=1e-5)
-    assert session.stats.report.scheduler != "instance axis"
-    assert re.fullmatch(r"Reshape '\w+': a Reshape of other than one length axis", session._axis.refusal)
