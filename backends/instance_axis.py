@@ -257,15 +257,15 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
     ``constants`` give those fed per mix), of those its graph reads (``names``), and its chunks."""
     lengths = [int(n) for n in lengths]
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
+    parts: list[Chunk] = chunks(lengths, CHUNK)
     fed = {name: pattern for step in plan.steps for name, pattern in step.fed.items()}
     for name, pattern in fed.items():
         arrays = [aligned(c[name], pattern) for c in constants]
         if any(step.kind == PADDED and name in step.fed for step in plan.steps):
-            for k, part in enumerate(chunks(lengths, CHUNK)):
+            for k, part in enumerate(parts):
                 feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in part.members], pattern, int(part.lengths[0]))
         else:
             feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
-    parts: list[Chunk] = chunks(lengths, CHUNK)
     if BACK in names:
         feeds.update(_padded_chunks(parts, lengths))
     if TARGETS not in names:
