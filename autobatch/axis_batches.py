@@ -63,17 +63,17 @@ class AxisBatches:
             fits: Sequence[tuple[int, Mapping[str, np.ndarray]]]) -> tuple[list[list[np.ndarray]], BatchReport]:
         """Outputs ``names`` of every instance (``fits``: what ``lengths`` gave), and what ran."""
         lengths, constants = [length for length, _ in fits], [weights for _, weights in fits]
-        sessions = len(self.runner.runs)  # type: ignore[union-attr]
+        made = self.runner.made  # type: ignore[union-attr]
         results, chunk_count = self.runner.run(names, batch, lengths, constants)  # type: ignore[union-attr]
-        self.fresh = self.fresh or len(self.runner.runs) > sessions  # type: ignore[union-attr]
+        self.fresh = self.fresh or self.runner.made > made  # type: ignore[union-attr]
         plan = self.runner.plan  # type: ignore[union-attr]
         by_op = self.runner.launches(chunk_count)  # type: ignore[union-attr]
         return results, BatchReport("instance axis", len(plan.records) * len(batch), sum(by_op.values()),
                                     len(plan.records), 0, 0, 0, 0, launches_by_op=by_op)
 
-    def refuse(self, reason: str) -> None:
+    def refuse(self, reason: str, level: int = logging.INFO) -> None:
         self.refusal, self.runner = reason, None
-        log.info("batches of %s are planned per mix: %s", self.graph.name, reason)
+        log.log(level, "batches of %s are planned per mix: %s", self.graph.name, reason)
 
     def _probe(self, batch: Sequence[Mapping[str, Any]]) -> bool:
         """Makes the plan from the batch's two biggest instances of different input signatures;

@@ -31,7 +31,7 @@ from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.recent import Budgeted
 from autobatch.ir.gc_pause import without_gc
-from autobatch.ir.limits import WorkLimit, work_limit
+from autobatch.ir.limits import DeadlineExceeded, WorkLimit, work_limit
 from autobatch.ir.types import type_of_value
 from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
 from autobatch.typed_instances import ModelInstances, plan_instances
@@ -263,6 +263,11 @@ class InferenceSession:
                 results, report = self._axis.run(names, checked, fits)  # type: ignore[union-attr]
             except UnsupportedByOnnxruntime as error:
                 self._axis.refuse(str(error))  # type: ignore[union-attr]
+            except DeadlineExceeded:
+                raise
+            except Exception as error:  # noqa: BLE001 - said at WARNING; this batch is planned per mix instead
+                self._axis.refuse(f"its node-level plan failed ({type(error).__name__}: {error})",  # type: ignore[union-attr]
+                                  logging.WARNING)
             else:
                 seconds.update(plan=begin - start, execute=time.perf_counter() - begin)
                 self.stats = SessionStats(len(checked), report, True, launches=report.launches, seconds=seconds,

@@ -26,11 +26,13 @@ from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
 from autobatch.batcher.instance_axis import PADDED, InstanceAxisPlan, aligned
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, Chunk, chunks
-from autobatch.ir import from_onnx
+from autobatch.ir import Recent, from_onnx
 from autobatch.ir.onnx_io import choose_ir_version
 
 ROWS = "rows"  # the symbolic size of the batch's rows axis
 TARGETS = "instance_axis/targets"  # where each row of a recurrent layer's output is in its chunks' outputs
+# Sessions a runner keeps, one per number of chunks (a batch of 64 has 8): each holds the weights.
+SESSIONS_KEPT = 8
 BACK = "padded/targets"  # where each row of a padded value is in its chunks' values, flattened and concatenated
 
 
@@ -320,12 +322,13 @@ def _batched_attributes(record: Any) -> dict[str, Any]:
 
 class InstanceAxisRunner:
     """Runs a node-level plan on onnxruntime (``settings``) or the NumPy interpreter (None): one
-    lowered graph, and its session, per number of chunks."""
+    lowered graph, and its session, per number of chunks (the ``SESSIONS_KEPT`` last used)."""
 
     def __init__(self, plan: InstanceAxisPlan, settings: OrtSettings | None) -> None:
         self.plan = plan
         self.settings = settings
-        self.runs: dict[int, Any] = {}  # chunks -> run(output names, feeds): the sessions made
+        self.runs: Recent = Recent(SESSIONS_KEPT)  # chunks -> run(output names, feeds)
+        self.made = 0  # sessions made so far
         self._reads = {input.name for input in lower(plan, 1).graph.input}
 
     def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
@@ -348,6 +351,7 @@ class InstanceAxisRunner:
     def _run(self, count: int) -> Any:
         run = self.runs.get(count)
         if run is None:
+            self.made += 1
             model = lower(self.plan, count)
             if self.settings is None:
                 interpreter = Interpreter(from_onnx(model))

@@ -183,3 +183,38 @@ def test_a_batch_that_did_work_for_later_ones_is_not_timed_for_the_choice_of_way
     for _ in range(2):  # nothing new: counted, then timed (the first run of a way is never timed)
         session.run_batch(None, batch)
     assert not session._axis.fresh and any(kind.recent for kind in session._ways.kinds.values())
+
+
+def test_a_node_level_run_that_fails_is_said_and_its_batch_planned_per_mix(backend, caplog, monkeypatch):
+    """A failure of the one graph (here made to fail: no real case is known) loses no batch: it
+    is said at WARNING, the batch and every later one are planned per mix."""
+    from autobatch.backends.instance_axis import InstanceAxisRunner
+
+    rng = np.random.default_rng(12)
+    session = autobatch.InferenceSession(layer_model("GRU", "forward", 1, rng), backend=backend, alone_when_faster=False)
+    batch = sequences([4, 9, 2], rng)
+    session.run_batch(None, batch)
+    assert session.stats.report.scheduler == "instance axis"
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("a kernel refused its shapes")
+
+    monkeypatch.setattr(InstanceAxisRunner, "run", fail)
+    with caplog.at_level("WARNING", logger="autobatch"):
+        assert_batched_equals_alone(session, sequences([5, 3, 8], rng))
+    assert session.stats.report.scheduler != "instance axis"
+    assert session._axis.refusal == "its node-level plan failed (RuntimeError: a kernel refused its shapes)"
+    assert any("its node-level plan failed" in record.message for record in caplog.records)
+
+
+def test_a_runner_keeps_a_bounded_number_of_sessions():
+    from autobatch.backends.instance_axis import SESSIONS_KEPT
+
+    rng = np.random.default_rng(13)
+    session = autobatch.InferenceSession(layer_model("RNN", "forward", 1, rng), backend="onnxruntime",
+                                         alone_when_faster=False)
+    for chunks in range(1, SESSIONS_KEPT + 3):  # a number of chunks new each batch
+        batch = sequences([int(n) for n in rng.integers(2, 9, CHUNK * chunks)], rng)
+        assert_batched_equals_alone(session, batch)
+    runner = session._axis.runner
+    assert runner.made == SESSIONS_KEPT + 2 and len(runner.runs) == SESSIONS_KEPT
