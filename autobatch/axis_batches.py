@@ -10,12 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 
-from autobatch.backends.instance_axis import InstanceAxisRunner
+from autobatch.backends.instance_axis import InstanceAxisRunner, lower
 from autobatch.backends.ort_runtime import OrtSettings
 from autobatch.batcher.instance_axis import InstanceAxisPlan, probe
 from autobatch.batcher.plan import BatchReport
 from autobatch.batcher.rule_tables import Refusal
+from autobatch.batcher.sequences import CHUNK, chunks
 from autobatch.feed_keys import input_signature
 from autobatch.ir import Graph, Recent
 from autobatch.typed_instances import SHAPES_KEPT, ModelInstances
@@ -70,6 +72,14 @@ class AxisBatches:
         by_op = self.runner.launches(chunk_count)  # type: ignore[union-attr]
         return results, BatchReport("instance axis", len(plan.records) * len(batch), sum(by_op.values()),
                                     len(plan.records), 0, 0, 0, 0, launches_by_op=by_op)
+
+    def model(self, batch: Sequence[Mapping[str, Any]]) -> onnx.ModelProto | None:
+        """The one graph that runs this batch (``autobatch inspect --draw``), or None where the
+        batch is planned per mix."""
+        fits = self.lengths(batch)
+        if fits is None:
+            return None
+        return lower(self.runner.plan, len(chunks([length for length, _ in fits], CHUNK)))  # type: ignore[union-attr]
 
     def refuse(self, reason: str, level: int = logging.INFO) -> None:
         self.refusal, self.runner = reason, None

@@ -133,8 +133,9 @@ class InferenceSession:
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
         self._ways = WayChooser() if alone_when_faster else None
-        # batches planned once per node of the model, where it allows (not with control flow)
-        self._axis = None if self._control_flow or not node_level else \
+        # batches planned once per node of the model, where it allows (not with control flow);
+        # ``axis_batches.refusal`` says why not
+        self.axis_batches = None if self._control_flow or not node_level else \
             AxisBatches(self.graph, self.instances, self.ort_settings if backend == "onnxruntime" else None)
 
     def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,7 +236,7 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
-        fits = self._axis.lengths(checked) if self._axis is not None else None
+        fits = self.axis_batches.lengths(checked) if self.axis_batches is not None else None
         kept = key is not None and key in self._flat_plans or fits is not None
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN
@@ -251,7 +252,7 @@ class InferenceSession:
                 self._alone_ways.record(len(checked), False, AT_ONCE if at_once else IN_TURN, seconds["alone"])
         else:
             results = self._run_batched(names, checked, key, seconds, start, fits)
-        if self._ways is not None and not (fits is not None and self._axis.fresh):  # type: ignore[union-attr]
+        if self._ways is not None and not (fits is not None and self.axis_batches.fresh):  # type: ignore[union-attr]
             self._ways.record(len(checked), kept, way, time.perf_counter() - begin)
         return results
 
@@ -260,13 +261,13 @@ class InferenceSession:
         if fits is not None:  # the model's node-level plan (``axis_batches``)
             begin = time.perf_counter()
             try:
-                results, report = self._axis.run(names, checked, fits)  # type: ignore[union-attr]
+                results, report = self.axis_batches.run(names, checked, fits)  # type: ignore[union-attr]
             except UnsupportedByOnnxruntime as error:
-                self._axis.refuse(str(error))  # type: ignore[union-attr]
+                self.axis_batches.refuse(str(error))  # type: ignore[union-attr]
             except DeadlineExceeded:
                 raise
             except Exception as error:  # noqa: BLE001 - said at WARNING; this batch is planned per mix instead
-                self._axis.refuse(f"its node-level plan failed ({type(error).__name__}: {error})",  # type: ignore[union-attr]
+                self.axis_batches.refuse(f"its node-level plan failed ({type(error).__name__}: {error})",  # type: ignore[union-attr]
                                   logging.WARNING)
             else:
                 seconds.update(plan=begin - start, execute=time.perf_counter() - begin)

@@ -116,7 +116,8 @@ def _inspect_plan(graph: Graph, feeds: list[dict[str, np.ndarray]], out: Print) 
         how = "one onnxruntime session" if session.stats.whole_plan else "step by step"
         out(f"  verdict: run_batch {ours * 1e3:.3f} ms ({how}), onnxruntime one instance at a time {theirs * 1e3:.3f} ms: "
             f"{theirs / ours:.2f}x")
-    return session.plan_model(feeds)
+    node_level = session.axis_batches.model(feeds) if session.axis_batches is not None else None
+    return node_level if node_level is not None else session.plan_model(feeds)
 
 
 def _timed(run: Callable[[], Any], repeats: int = 5) -> tuple[Any, float]:

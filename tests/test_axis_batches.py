@@ -44,8 +44,8 @@ def test_every_new_mix_runs_as_one_graph_planned_once(backend, op, direction):
         report = session.stats.report
         assert report.scheduler == "instance axis" and report.launches_by_op == {op: math.ceil(count / CHUNK)}
         assert_each_alone(session, batch, got)
-        runner = runner or session._axis.runner
-        assert session._axis.runner is runner  # planned once, for every mix
+        runner = runner or session.axis_batches.runner
+        assert session.axis_batches.runner is runner  # planned once, for every mix
     assert len(session._flat_plans) == 0  # no mix was planned record by record
 
 
@@ -56,7 +56,7 @@ def test_a_first_batch_of_one_row_waits_for_one_that_tells_the_axis(backend):
     for lengths, scheduler in (([1, 12], "level"), ([3, 1, 7], "instance axis")):
         batch = sequences(lengths, rng)
         assert_each_alone(session, batch, session.run_batch(None, batch))
-        assert session.stats.report.scheduler == scheduler and session._axis.refusal is None
+        assert session.stats.report.scheduler == scheduler and session.axis_batches.refusal is None
 
 
 def test_a_layer_whose_final_states_are_read_is_planned_per_mix(backend):
@@ -64,7 +64,7 @@ def test_a_layer_whose_final_states_are_read_is_planned_per_mix(backend):
     session = autobatch.InferenceSession(layer_model("LSTM", "forward", 3, rng), backend=backend)
     batch = sequences([4, 7, 2, 9], rng)
     got = session.run_batch(None, batch)
-    assert "its final states are read" in session._axis.refusal
+    assert "its final states are read" in session.axis_batches.refusal
     assert session.stats.report.scheduler != "instance axis"
     assert_each_alone(session, batch, got)
 
@@ -98,7 +98,7 @@ def test_an_instance_that_does_not_fit_sends_its_batch_to_the_flat_planner(backe
                            "b": rng.standard_normal((1, 1, D)).astype(np.float32)}]
     assert_each_alone(session, mixed, session.run_batch(None, mixed))  # b broadcasts over a's 5 rows
     assert session.stats.report.scheduler != "instance axis"
-    assert session._axis.refusal is None  # the model keeps its plan for batches that fit
+    assert session.axis_batches.refusal is None  # the model keeps its plan for batches that fit
 
 
 def test_an_empty_sequence_in_a_mix_gets_its_own_results(backend):
@@ -165,7 +165,7 @@ def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     rng = np.random.default_rng(10)
     batch = [{"x": rng.standard_normal((1, n, D)).astype(np.float32)} for n in (3, 5, 2)]
     assert_batched_equals_alone(session, batch)
-    assert session._axis.refusal == "ReduceSum 'y': not row-wise, and no padded rule"
+    assert session.axis_batches.refusal == "ReduceSum 'y': not row-wise, and no padded rule"
     assert session.stats.report.scheduler != "instance axis"
 
 
@@ -178,11 +178,11 @@ def test_a_batch_that_did_work_for_later_ones_is_not_timed_for_the_choice_of_way
     for first in range(10, 90, 10):  # every batch of lengths new to the session
         batch = sequences(list(range(first, first + 8)), rng)
         session.run_batch(None, batch)
-        assert session._axis.fresh and session.stats.alone == 0
+        assert session.axis_batches.fresh and session.stats.alone == 0
     assert not any(kind.recent for kind in session._ways.kinds.values())
     for _ in range(2):  # nothing new: counted, then timed (the first run of a way is never timed)
         session.run_batch(None, batch)
-    assert not session._axis.fresh and any(kind.recent for kind in session._ways.kinds.values())
+    assert not session.axis_batches.fresh and any(kind.recent for kind in session._ways.kinds.values())
 
 
 def test_a_node_level_run_that_fails_is_said_and_its_batch_planned_per_mix(backend, caplog, monkeypatch):
@@ -203,7 +203,7 @@ def test_a_node_level_run_that_fails_is_said_and_its_batch_planned_per_mix(backe
     with caplog.at_level("WARNING", logger="autobatch"):
         assert_batched_equals_alone(session, sequences([5, 3, 8], rng))
     assert session.stats.report.scheduler != "instance axis"
-    assert session._axis.refusal == "its node-level plan failed (RuntimeError: a kernel refused its shapes)"
+    assert session.axis_batches.refusal == "its node-level plan failed (RuntimeError: a kernel refused its shapes)"
     assert any("its node-level plan failed" in record.message for record in caplog.records)
 
 
@@ -216,5 +216,5 @@ def test_a_runner_keeps_a_bounded_number_of_sessions():
     for chunks in range(1, SESSIONS_KEPT + 3):  # a number of chunks new each batch
         batch = sequences([int(n) for n in rng.integers(2, 9, CHUNK * chunks)], rng)
         assert_batched_equals_alone(session, batch)
-    runner = session._axis.runner
+    runner = session.axis_batches.runner
     assert runner.made == SESSIONS_KEPT + 2 and len(runner.runs) == SESSIONS_KEPT

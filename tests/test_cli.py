@@ -326,3 +326,17 @@ def test_examples_and_benchmarks_answer_help(module: str):
     result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60,
                             cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode == 0 and result.stdout.startswith(f"usage: python -m {module}"), result.stdout[:300]
+
+
+def test_inspect_shows_and_draws_the_node_level_plan_run_batch_runs(tmp_path: Path):
+    """Attention over instances of different lengths: run_batch plans it once per node, so
+    inspect prints that plan and draws the one graph that runs it (its padded chunks' feeds)."""
+    from tests.test_padding import ATTENTION
+
+    source = tmp_path / "attention.onnx"
+    onnx.save(ATTENTION, source)
+    result = autobatch_cli("inspect", str(source), "--instances", "6", "--draw", str(tmp_path / "g.dot"))
+    assert result.returncode == 0, result.stderr
+    assert "launches (instance axis)" in result.stdout
+    drawn = (tmp_path / "g.dot").read_text()
+    assert 'label="Where"' in drawn and 'label="rowsx4"' in drawn  # the Softmax's key mask; the rows axis

@@ -170,6 +170,6 @@ def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exporte
         report = session.stats.report
         assert report.scheduler == "instance axis"
         assert report.launches_by_op[cell.upper()] == math.ceil(len(lengths) / SEQUENCES)
-        runner = runner or session._axis.runner
-        assert session._axis.runner is runner
+        runner = runner or session.axis_batches.runner
+        assert session.axis_batches.runner is runner
     assert len(session._flat_plans) == 0
