@@ -45,6 +45,13 @@ class AxisBatches:
         self.fresh = False
 
     def lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
+        try:
+            return self._lengths(batch)
+        except Exception as error:  # noqa: BLE001 - said at WARNING; the batch is planned per mix instead
+            self.refuse(f"its node-level plan failed ({type(error).__name__}: {error})", logging.WARNING)
+            return None
+
+    def _lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
         self.fresh = self.runner is None
         if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch):
             return None

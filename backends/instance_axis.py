@@ -31,6 +31,7 @@ from autobatch.ir.onnx_io import choose_ir_version
 
 ROWS = "rows"  # the symbolic size of the batch's rows axis
 TARGETS = "instance_axis/targets"  # where each row of a recurrent layer's output is in its chunks' outputs
+AXIS_DEFAULTS = {"Gather": 0, "Split": 0, "Concat": 0, "Softmax": -1, "LogSoftmax": -1}  # (Softmax before 13: 1)
 # Sessions a runner keeps, one per number of chunks (a batch of 64 has 8): each holds the weights.
 SESSIONS_KEPT = 8
 BACK = "padded/targets"  # where each row of a padded value is in its chunks' values, flattened and concatenated
@@ -172,8 +173,12 @@ class _Lowering:
         key = f"{mask}/{rank}/{axis}"
         if key not in self.converted:
             axes = [a for a in range(1, rank) if a != axis]
-            self.converted[key] = self.node("Unsqueeze", [mask, self.constant(f"{key}/axes", np.array(axes, np.int64))],
-                                            key) if axes else mask
+            if not axes:
+                self.converted[key] = mask
+            elif self.plan.opset < 13:  # axes an attribute before opset 13
+                self.converted[key] = self.node("Unsqueeze", [mask], key, axes=axes)
+            else:
+                self.converted[key] = self.node("Unsqueeze", [mask, self.constant(f"{key}/axes", np.array(axes, np.int64))], key)
         return self.converted[key]
 
     def padded_node(self, record: Any, step: Any) -> None:
@@ -191,7 +196,7 @@ class _Lowering:
                 inputs[i] = self.node("Where", [self.valid(k, rank + 1, axis + 1), inputs[i], zero],
                                       f"{out}/zeroed{i}/chunk{k}")
             if step.key_mask is not None:
-                rank = len(self.plan.patterns[record.inputs[0]])
+                rank = len(self.plan.patterns[out])  # (its input's: a Softmax's, maybe of a constant given per mix)
                 low = self.constant(f"{out}/-inf", np.array(-np.inf, _dtype_of(self.plan, record.inputs[0])))
                 inputs[0] = self.node("Where", [self.valid(k, rank + 1, step.key_mask + 1), inputs[0], low],
                                       f"{out}/masked/chunk{k}")
@@ -200,7 +205,9 @@ class _Lowering:
                 self.node("Reshape", [inputs[0], target], f"{out}/chunk{k}")
                 continue
             self.nodes.append(helper.make_node(record.op_type, inputs, [f"{n}/chunk{k}" if n else n for n in record.outputs],
-                                               domain=record.domain or None, **_batched_attributes(record)))
+                                               domain=record.domain or None,
+                                               **_batched_attributes(record, len(self.plan.patterns.get(
+                                                   record.inputs[0], self.plan.patterns[out])), self.plan.opset)))
         self.padded.update(name for name in record.outputs if name)
         self.zeros[out] = zeros
 
@@ -310,13 +317,15 @@ def _padded(arrays: Sequence[np.ndarray], pattern: tuple, longest: int) -> np.nd
     return result
 
 
-def _batched_attributes(record: Any) -> dict[str, Any]:
-    """The node's attributes on a new leading batch axis: an axis or a perm one further right."""
+def _batched_attributes(record: Any, rank: int, opset: int) -> dict[str, Any]:
+    """The node's attributes on a new leading batch axis (its operands of ``rank`` before it):
+    an axis, given or by default, or a perm, one further right."""
     attributes = {name: helper.get_attribute_value(proto) for name, proto in record.attributes.items()}
     if record.op_type == "Transpose":
         attributes["perm"] = [0, *(p + 1 for p in attributes["perm"])]
-    elif "axis" in attributes and attributes["axis"] >= 0:
-        attributes["axis"] += 1
+    elif record.op_type in AXIS_DEFAULTS:
+        default = AXIS_DEFAULTS[record.op_type] if opset >= 13 or record.op_type not in ("Softmax", "LogSoftmax") else 1
+        attributes["axis"] = record_attribute(record, "axis", default) % rank + 1
     return attributes
 
 

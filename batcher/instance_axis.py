@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from onnx import helper
 
 from autobatch.batcher.instances import InstanceRecords, alike
 from autobatch.batcher.ragged import ELEMENTWISE, one_row_signatures, ragged_signature, record_attribute
@@ -146,7 +147,10 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
         if pattern is None or pattern.count(None) != 1 or _rows_axis(pattern) is None:
             return refuse(f"input {name!r} has no rows along one axis of its length")
         patterns[name] = pattern
+    if opset < 9:
+        return refuse(f"opset {opset}: its masks need Where (opset 9)")
     padded = set()  # values in the padded layout
+    fed_as: dict[str, tuple[bool, Pattern]] = {}  # a constant given per mix: in the padded layout, its pattern
     read = {name for record in first.records for name in record.inputs} | set(outputs)
     steps = []
     for a, b in zip(first.records, second.records):
@@ -172,6 +176,9 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
             return refuse(f"{where}: its final states are read")
         if any(pattern is None for pattern in step.fed.values()):
             return refuse(f"{where} reads a constant that differs between lengths, not along its length")
+        for name, pattern in step.fed.items():  # one feed a constant: read one way only
+            if fed_as.setdefault(name, (step.kind == PADDED, pattern)) != (step.kind == PADDED, pattern):
+                return refuse(f"{where} reads a constant given per mix that another node reads otherwise")
         if step.kind != PADDED:  # what it reads in the padded layout goes back to rows
             if any(name in padded and _rows_axis(patterns[name]) is None for name in a.inputs):
                 return refuse(f"{where} reads a padded value that has no rows")
@@ -190,13 +197,15 @@ def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRec
     sig_a = _signature(a, first.weights, opset, {})
     if not isinstance(sig_a, Refusal) and sig_a[0] == "reshape":  # its target, folded per length, is not read
         return Step("reshape", sig_a) if sig_a == _signature(b, second.weights, opset, {}) else refuse("a reshape")
-    if any(pattern is None for pattern in fed.values()):
-        return refuse("a constant that differs between lengths")
+    if any(pattern is None or _rows_axis(pattern) is None for pattern in fed.values()):
+        return refuse("a constant that differs between lengths, not along its rows")
     sig_a = _signature(a, first.weights, opset, fed)
     if isinstance(sig_a, Refusal):
         return sig_a
     if sig_a[0] not in ROWS_KINDS:
         return refuse(f"a {sig_a[0]} step")
+    if sig_a[0] == "sequences" and (fed or any(isinstance(e, ValueType) for e in a.entries[1:])):
+        return refuse("a recurrent layer with initial states of its own")
     if sig_a != _signature(b, second.weights, opset, fed):
         return refuse("it signs otherwise at another length")
     return Step(sig_a[0], sig_a, dict(fed))  # type: ignore[arg-type]
@@ -215,9 +224,18 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
     if any(p is None for p in fed.values()):
         return refuse("a constant that differs between lengths, not along its length")
     step = Step(PADDED, fed=dict(fed))  # type: ignore[arg-type]
-    op = record.op_type
+    op, rank = record.op_type, len(outs[0])
+    # The batch axis goes before every per-instance operand: broadcasting (from the right) keeps it
+    # apart only where they all have the output's rank, and shared ones no more.
+    shared = [np.ndim(weights[e]) for e in record.entries if type(e) is str and e in weights and e not in fed]
+    if (op in PADDED_ELEMENTWISE or op == "Concat") and (any(len(p) != rank for p in data.values())
+                                                       or any(r > rank for r in shared)):
+        return refuse("operands of other ranks than its output's")
+    if op in ("Div", "Mod") and record.types[0] is not None and \
+            np.dtype(helper.tensor_dtype_to_np_dtype(record.types[0].elem_type)).kind in "iub":
+        return refuse(f"an integer {op}: padded positions would divide by zero")
     if op in PADDED_ELEMENTWISE or op == "Concat" and (len(record.inputs) == 1 or outs[0][
-            record_attribute(record, "axis", 0) % len(outs[0])] is not None):
+            record_attribute(record, "axis", 0) % rank] is not None):
         return step
     if op in ("Gather", "Split") and list(data) == [0]:  # along an axis of the instance's own, not the length
         axis = record_attribute(record, "axis", 0) % len(data[0])
@@ -226,7 +244,6 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         perm = record_attribute(record, "perm", None)
         return step if perm is not None else refuse("a Transpose without its perm")
     if op in ("Softmax", "LogSoftmax"):
-        rank = len(outs[0])
         axis = record_attribute(record, "axis", -1 if opset >= 13 else 1) % rank
         if opset < 13 and axis != rank - 1:
             return refuse(f"{op}-{opset} over more than its last axis")
@@ -234,6 +251,8 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         return step
     if op == "MatMul" and 0 in data:
         a = data[0]
+        if len(a) != rank or 1 in data and len(data[1]) != rank or any(r > rank for r in shared):
+            return refuse("a product of operands of other ranks than its output's")
         if a[-1] is None:  # a sum over the length: both sides' padded positions zeroed
             if 1 not in data or len(data[1]) < 2:
                 return refuse("a product over the length by a shared operand")

@@ -400,6 +400,10 @@ def check_program(seed: int, backend: str, outcome: Outcome) -> None:
             outcome.nodes += session.stats.report.nodes
             outcome.launches += session.stats.launches
             outcome.node_level += session.stats.report.scheduler == "instance axis"
+            refusal = session.axis_batches.refusal if session.axis_batches is not None else None
+            if refusal and refusal.startswith("its node-level plan failed"):  # (the batch ran per mix, said at WARNING)
+                outcome.errors.append(f"seed {seed} {backend} batch {b}: {refusal}"[:500])
+                return
             if len(got) != len(wanted) or any(len(g) != len(w) for g, w in zip(got, wanted)):
                 outcome.errors.append(f"seed {seed} {backend} batch {b}: {[len(g) for g in got]} outputs batched, "
                                       f"{[len(w) for w in wanted]} alone")

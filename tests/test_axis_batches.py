@@ -218,3 +218,122 @@ def test_a_runner_keeps_a_bounded_number_of_sessions():
         assert_batched_equals_alone(session, batch)
     runner = session.axis_batches.runner
     assert runner.made == SESSIONS_KEPT + 2 and len(runner.runs) == SESSIONS_KEPT
+
+
+def _model(text: str, **constants: np.ndarray) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(value, name) for name, value in constants.items())
+    return model
+
+
+_P = np.random.default_rng(2).standard_normal((16, 4)).astype(np.float32)
+_I = {"zero": np.array([0], np.int64), "one": np.array([1], np.int64), "two": np.array([2], np.int64)}
+# Cases a review found wrong or failing (each now runs planned once, or is refused saying why).
+REVIEWED = {
+    "Gather, axis by default": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[L, 4] c) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        i = Constant<value = int64 {0}>()
+        t = Gather(s, i)
+        x2 = Squeeze(x, zero)
+        c = MatMul(t, x2) }""", zero=_I["zero"]), None),
+    "Split, axis by default": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] c) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        e = Exp(s)
+        s2 = Concat<axis = 0>(s, e)
+        a, b = Split(s2)
+        c = MatMul(b, x) }"""), None),
+    "Softmax of opset 12, axis given": (_model("""<ir_version: 7, opset_import: ["" : 12]>
+        g (float[1, L, 4] x) => (float[1, L, 4] c) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        p = Softmax<axis = 2>(s)
+        c = MatMul(p, x) }"""), None),
+    "a product of ranks 2 and 3": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] c) {
+        x2 = Squeeze(x, zero)
+        k2 = Transpose<perm = [1, 0]>(x2)
+        s2 = MatMul(x2, k2)
+        c = MatMul(s2, x) }""", zero=_I["zero"]), "a product of operands of other ranks"),
+    "a shared constant of a higher rank": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] c) {
+        x2 = Squeeze(x, zero)
+        k2 = Transpose<perm = [1, 0]>(x2)
+        s2 = MatMul(x2, k2)
+        e = Mul(s2, w)
+        c = MatMul(e, x) }""", zero=_I["zero"], w=np.full((1, 1, 1), 2.0, np.float32)), "operands of other ranks"),
+    "a constant per length read at two ranks": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] a, float[1, 1, L, 4] b) {
+        sh = Shape(x)
+        n = Slice(sh, one, two)
+        nf = Cast<to = 1>(n)
+        pe0 = Slice(P, zero, n)
+        pe = Div(pe0, nf)
+        a = Add(x, pe)
+        t = Unsqueeze(x, zero)
+        b = Add(t, pe) }""", P=_P, **_I), "another node reads otherwise"),
+    "a constant per length read as rows and padded": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] h, float[1, 1, L, 4] e) {
+        sh = Shape(x)
+        n = Slice(sh, one, two)
+        pe0 = Slice(P, zero, n)
+        pe = Unsqueeze(pe0, zero)
+        h = Add(x, pe)
+        t = Unsqueeze(x, zero)
+        e = Add(t, pe) }""", P=_P, **_I), "another node reads otherwise"),
+}
+
+
+@pytest.mark.parametrize("case", list(REVIEWED))
+def test_what_a_review_found_runs_planned_once_or_is_refused_with_each_instances_results(backend, case):
+    model, refused = REVIEWED[case]
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(14)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)}
+                                          for n in (3, 5, 1, 7, 2, 9, 4, 6, 8, 2)], atol=1e-5)
+    if refused is None:
+        assert session.stats.report.scheduler == "instance axis"
+    else:
+        assert session.stats.report.scheduler != "instance axis" and refused in session.axis_batches.refusal
+
+
+def test_an_integer_division_is_not_padded(backend):
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (int32[1, L, 4] x) => (int32[1, L, 4] c) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        d = Div(s, s)
+        c = MatMul(d, x) }""")
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(15)
+    assert_batched_equals_alone(session, [{"x": rng.integers(1, 5, (1, n, 4)).astype(np.int32)} for n in (3, 5, 1, 7)])
+    assert "an integer Div" in session.axis_batches.refusal
+
+
+@pytest.mark.parametrize("states", ["per length", "the instance's own"])
+def test_a_recurrent_layer_with_initial_states_of_its_own_is_refused(backend, states):
+    """The lowered layer starts from zeros: states that are not shared zeros are refused."""
+    from tests.test_sequences import stated_model
+
+    rng = np.random.default_rng(16)
+    if states == "per length":
+        model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+            g (float[L, 1, 3] x) => (float[L, 1, 1, 2] y) {
+            sh = Shape(x)
+            n = Slice(sh, zero, one)
+            nf = Cast<to = 1>(n)
+            h0 = Mul(ones, nf)
+            y = LSTM<hidden_size = 2>(x, W, R, "", "", h0) }""",
+                       W=rng.standard_normal((1, 8, 3)).astype(np.float32), R=rng.standard_normal((1, 8, 2)).astype(np.float32),
+                       ones=np.ones((1, 1, 2), np.float32), zero=_I["zero"], one=_I["one"])
+        batch = [{"x": rng.standard_normal((n, 1, 3)).astype(np.float32)} for n in (3, 5, 1, 7)]
+    else:
+        model = stated_model("GRU", "forward", rng)
+        batch = [{"x": rng.standard_normal((n, 1, D)).astype(np.float32), "h0": rng.standard_normal((1, 1, 4)).astype(np.float32)}
+                 for n in (3, 5, 1, 7)]
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, batch)
+    assert session.stats.report.scheduler != "instance axis" and session.axis_batches.refusal

@@ -41,3 +41,10 @@ def test_a_program_is_set_aside_only_where_what_a_backend_stands_for_refuses_it(
     outcome = outcomes[backend]
     assert not outcome.errors and not outcome.mismatches, report(outcomes)
     assert (outcome.programs, outcome.alone_failed) == ((1, 0) if runs else (0, 1)), report(outcomes)
+
+
+@pytest.mark.parametrize("seed", [8765, 9699])
+def test_programs_the_node_level_plan_once_failed_on(seed: int) -> None:
+    """A Softmax of a constant given per mix (8765) and a program the slow run raised on (9699):
+    planned once per node or refused, never failing."""
+    _check(programs=1, seed=seed)
