@@ -138,6 +138,8 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
     first, second = instances
     if len(first.records) != len(second.records):
         return refuse("its graph differs between lengths")
+    read = {name for record in first.records for name in record.inputs}
+    inputs = [name for name in inputs if name in read]  # (one no node reads is not fed)
     lengths = _lengths(instances, inputs[0]) if inputs else None
     if lengths is None or min(lengths) < 2:  # (at one row, rows_of may take another axis for the rows')
         return None
@@ -151,7 +153,7 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
         return refuse(f"opset {opset}: its masks need Where (opset 9)")
     padded = set()  # values in the padded layout
     fed_as: dict[str, tuple[bool, Pattern]] = {}  # a constant given per mix: in the padded layout, its pattern
-    read = {name for record in first.records for name in record.inputs} | set(outputs)
+    read |= set(outputs)
     steps = []
     for a, b in zip(first.records, second.records):
         where = f"{a.op_type} {a.outputs[0]!r}"

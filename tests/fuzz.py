@@ -16,7 +16,7 @@ differ, and later cancellation magnifies those last bits. A step function (Floor
 condition of a Where) takes only values computed without sums: of a sum, the last bit that summation
 order may change can move it across a step (Floor(0.99999994) is 0, Floor(1.0) is 1; seed 101093).
 
-    python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M]
+    python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M] [--node-level]
 """
 
 from __future__ import annotations
@@ -293,12 +293,20 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
 }
 
 
-def random_program(seed: int, steps: int | None = None) -> tuple[onnx.ModelProto, collections.Counter]:
-    """A one-instance model (inputs ``x [N, 4]``, ``ids [N]``) of ``steps`` random steps, and the
-    ops it holds."""
+# The steps a model planned once per node takes (``batcher.instance_axis``): the programs of
+# ``--node-level`` are made of these alone, so that most of their batches go that way.
+NODE_LEVEL = ("unary", "binary", "shared", "matmul", "gemm", "attention", "normalize", "reshape", "lookup",
+              "positions", "expand", "lstm", "where", "cast")
+
+
+def random_program(seed: int, steps: int | None = None,
+                   kinds: tuple[str, ...] | None = None) -> tuple[onnx.ModelProto, collections.Counter]:
+    """A one-instance model (inputs ``x [N, 4]``, ``ids [N]``) of ``steps`` random steps (of these
+    ``kinds``; all by default), and the ops it holds."""
     p = Program(random.Random(seed))
     p.values = [Value("x", N, WIDTH), Value("ids", N, 0)]
-    names, weights = list(STEPS), [w for w, _ in STEPS.values()]
+    names = list(kinds or STEPS)
+    weights = [STEPS[name][0] for name in names]
     for _ in range(steps or p.rng.randint(3, 14)):
         STEPS[p.rng.choices(names, weights)[0]][1](p)
     computed = [v for v in p.floats() if v.name != "x"]
@@ -367,8 +375,8 @@ def runs_elsewhere(model: onnx.ModelProto, batches: list[list[dict[str, np.ndarr
     return True
 
 
-def check_program(seed: int, backend: str, outcome: Outcome) -> None:
-    model, ops = random_program(seed)
+def check_program(seed: int, backend: str, outcome: Outcome, kinds: tuple[str, ...] | None = None) -> None:
+    model, ops = random_program(seed, kinds=kinds)
     rng = np.random.default_rng(seed)
     lengths = [int(n) for n in rng.integers(1, 7, int(rng.integers(2, 7)))]
     if seed % 10 == 0:  # now and then an instance without rows
@@ -416,7 +424,8 @@ def check_program(seed: int, backend: str, outcome: Outcome) -> None:
                                                   f"{[len(f['x']) for f in batch]}) output {j}: {why}")
 
 
-def fuzz(seeds: range, backends: list[str], minutes: float | None = None, progress: bool = False) -> dict[str, Outcome]:
+def fuzz(seeds: range, backends: list[str], minutes: float | None = None, progress: bool = False,
+         kinds: tuple[str, ...] | None = None) -> dict[str, Outcome]:
     outcomes = {backend: Outcome() for backend in backends}
     stop = time.monotonic() + minutes * 60 if minutes else None
     start = time.monotonic()
@@ -425,7 +434,7 @@ def fuzz(seeds: range, backends: list[str], minutes: float | None = None, progre
             break
         for backend in backends:
             try:
-                check_program(seed, backend, outcomes[backend])
+                check_program(seed, backend, outcomes[backend], kinds)
             except Exception:  # noqa: BLE001 - the fuzzer itself must go on, and say what broke
                 outcomes[backend].errors.append(f"seed {seed} {backend}: " + traceback.format_exc(limit=3)[-500:])
         if progress and count % 100 == 0:
@@ -455,11 +464,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the first program's seed (default 0)")
     parser.add_argument("--backends", nargs="+", choices=["numpy", "onnxruntime"], default=["numpy", "onnxruntime"])
     parser.add_argument("--minutes", type=float, help="stop after this long, whatever is left")
+    parser.add_argument("--node-level", action="store_true",
+                        help="programs of the steps a model planned once per node takes (most of their batches go so)")
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs must be positive")
     start = time.perf_counter()
-    outcomes = fuzz(range(args.seed, args.seed + args.programs), args.backends, args.minutes, progress=True)
+    outcomes = fuzz(range(args.seed, args.seed + args.programs), args.backends, args.minutes, progress=True,
+                    kinds=NODE_LEVEL if args.node_level else None)
     print(report(outcomes))
     print(f"{time.perf_counter() - start:.0f} s")
     return 1 if any(o.mismatches or o.errors for o in outcomes.values()) else 0

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fuzz import fuzz, report
+from tests.fuzz import NODE_LEVEL, fuzz, report
 
 BACKENDS = ["numpy", "onnxruntime"]
 
 
-def _check(programs: int, seed: int) -> None:
-    outcomes = fuzz(range(seed, seed + programs), BACKENDS)
+def _check(programs: int, seed: int, kinds: tuple[str, ...] | None = None) -> None:
+    outcomes = fuzz(range(seed, seed + programs), BACKENDS, kinds=kinds)
     print(report(outcomes))
     for backend, outcome in outcomes.items():
         assert outcome.programs > 0.95 * programs, report(outcomes)  # nearly every program ran alone
@@ -25,6 +25,20 @@ def test_random_programs_batched_equal_each_instance_alone():
 @pytest.mark.slow
 def test_ten_thousand_random_programs_on_each_backend():
     _check(programs=10_000, seed=0)
+
+
+def test_random_programs_of_the_steps_a_node_level_plan_takes():
+    """Programs made of those steps alone (``--node-level``): most of their batches run planned
+    once per node (``batcher.instance_axis``), the rest per mix, all equal to each instance alone."""
+    outcomes = fuzz(range(2_000_000, 2_000_150), BACKENDS, kinds=NODE_LEVEL)
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.5 * 3 * outcome.programs, report(outcomes)
+
+
+@pytest.mark.slow
+def test_three_thousand_random_node_level_programs_on_each_backend():
+    _check(programs=3_000, seed=3_000_000, kinds=NODE_LEVEL)
 
 
 @pytest.mark.parametrize(("seed", "backend", "runs"), [
