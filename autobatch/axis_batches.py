@@ -28,7 +28,7 @@ PROBES = 4  # batches whose two instances did not tell the rows' axis (one row e
 
 
 class AxisBatches:
-    """``lengths(batch)``: each instance's length and constants where the node-level plan
+    """``fits(batch, signatures)``: each instance's length and constants where the node-level plan
     computes the batch, else None; ``run`` then computes it. ``refusal``: why the model has no such plan
     (None while it has one, or has not met two lengths yet)."""
 
@@ -44,20 +44,22 @@ class AxisBatches:
         # a session made): its time says little of the next batches' (``autobatch.ways``)
         self.fresh = False
 
-    def lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
+    def fits(self, batch: Sequence[Mapping[str, Any]],
+             signatures: Sequence[tuple]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
+        """``signatures``: the instances' input signatures (``feed_keys.input_signature``)."""
         try:
-            return self._lengths(batch)
+            return self._fits_of(batch, signatures)
         except Exception as error:  # noqa: BLE001 - said at WARNING; the batch is planned per mix instead
             self.refuse(f"its node-level plan failed ({type(error).__name__}: {error})", logging.WARNING)
             return None
 
-    def _lengths(self, batch: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
+    def _fits_of(self, batch: Sequence[Mapping[str, Any]],
+                 signatures: Sequence[tuple]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
         self.fresh = self.runner is None
-        if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch):
+        if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch, signatures):
             return None
         fits = []
-        for feeds in batch:
-            signature = input_signature(feeds)
+        for feeds, signature in zip(batch, signatures):
             fit = self._fits.get(signature)
             if fit is None:
                 fit = self._fits[signature] = self._fit(self.runner.plan, feeds)  # type: ignore[union-attr]
@@ -83,7 +85,7 @@ class AxisBatches:
     def model(self, batch: Sequence[Mapping[str, Any]]) -> onnx.ModelProto | None:
         """The one graph that runs this batch (``autobatch inspect --draw``), or None where the
         batch is planned per mix."""
-        fits = self.lengths(batch)
+        fits = self.fits(batch, [input_signature(feeds) for feeds in batch])
         if fits is None:
             return None
         return lower(self.runner.plan, len(chunks([length for length, _ in fits], CHUNK)))  # type: ignore[union-attr]
@@ -92,12 +94,12 @@ class AxisBatches:
         self.refusal, self.runner = reason, None
         log.log(level, "batches of %s are planned per mix: %s", self.graph.name, reason)
 
-    def _probe(self, batch: Sequence[Mapping[str, Any]]) -> bool:
+    def _probe(self, batch: Sequence[Mapping[str, Any]], signatures: Sequence[tuple]) -> bool:
         """Makes the plan from the batch's two biggest instances of different input signatures;
         False where the batch has no two that tell (its plan waits for a batch that has)."""
         if any(not isinstance(value, np.ndarray) for feeds in batch for value in feeds.values()):
             return False  # sequences, optionals: no rows to concatenate
-        by_signature = {input_signature(feeds): feeds for feeds in batch}
+        by_signature = dict(zip(signatures, batch))
         if len(by_signature) < 2:
             return False
         two = sorted(by_signature.values(), key=lambda feeds: -sum(value.size for value in feeds.values()))[:2]

@@ -236,7 +236,7 @@ class InferenceSession:
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
         key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
-        fits = self.axis_batches.lengths(checked) if self.axis_batches is not None else None
+        fits = self.axis_batches.fits(checked, key) if self.axis_batches is not None else None  # type: ignore[arg-type]
         kept = key is not None and key in self._flat_plans or fits is not None
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN

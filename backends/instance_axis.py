@@ -58,9 +58,7 @@ class _Lowering:
         self.initializers: dict[str, np.ndarray] = {}
         self.padded: set[str] = set()  # values made in the padded layout: a tensor a chunk, "{name}/chunk{k}"
         self.zeros: dict[str, set[int]] = {}  # a padded value's axes along which its padded positions are 0
-        self.fed_padded: set[str] = set()  # constants given per mix that padded steps read: a tensor a chunk
         self.converted: dict[str, str] = {}  # (value, layout) -> its name in that layout
-        self.fed: dict[str, tuple[int, ...]] = {}  # constants given per mix, by name: their pattern
 
     def node(self, op: str, inputs: Sequence[str], output: str, **attributes: Any) -> str:
         self.nodes.append(helper.make_node(op, list(inputs), [output], **attributes))
@@ -72,7 +70,6 @@ class _Lowering:
 
     def lower(self) -> onnx.ModelProto:
         for record, step in zip(self.plan.records, self.plan.steps):
-            self.fed.update(step.fed)
             self.initializers.update((e, self.plan.weights[e]) for e in record.entries if type(e) is str
                                      and e in self.plan.weights and e not in step.fed and step.kind != "reshape")
             if step.kind == PADDED:
@@ -102,14 +99,14 @@ class _Lowering:
     def inputs(self) -> list[onnx.ValueInfoProto]:
         plan = self.plan
         infos = [_info(name, plan.patterns[name], ROWS, record_type(plan, name)) for name in plan.inputs]
-        for name, pattern in self.fed.items():
+        for name, (padded, pattern) in plan.fed.items():
             elem_type = helper.np_dtype_to_tensor_dtype(plan.weights[name].dtype)
-            if name in self.fed_padded:  # a chunk's, after a batch axis
+            if padded:  # a chunk's, after a batch axis
                 infos += [helper.make_tensor_value_info(f"{name}/chunk{k}", elem_type, [None] * (len(pattern) + 1))
                           for k in range(self.chunk_count)]
             else:
                 infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
-        if self.padded:
+        if plan.padded:
             infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
             for k in range(self.chunk_count):
                 source, valid, size, longest = padded_feeds(k)
@@ -117,7 +114,7 @@ class _Lowering:
                           helper.make_tensor_value_info(valid, TensorProto.BOOL, [None, None]),
                           helper.make_tensor_value_info(size, TensorProto.INT64, [1]),
                           helper.make_tensor_value_info(longest, TensorProto.INT64, [1])]
-        if any(step.kind == "sequences" for step in plan.steps):
+        if plan.recurrent:
             for k in range(self.chunk_count):
                 source, shape, lengths = chunk_feeds(k)
                 infos += [helper.make_tensor_value_info(source, TensorProto.INT64, [None]),
@@ -145,8 +142,7 @@ class _Lowering:
     def padded_value(self, name: str, k: int) -> str:
         """Chunk ``k`` of value ``name`` in the padded layout: ``[size, 1.., Lmax, *row]``, the
         instance's shape after a batch axis (a constant given per mix: as given)."""
-        if name in self.fed:
-            self.fed_padded.add(name)
+        if name in self.plan.fed:
             return f"{name}/chunk{k}"
         if name in self.padded:
             return f"{name}/chunk{k}"
@@ -261,23 +257,22 @@ def lower(plan: InstanceAxisPlan, chunk_count: int) -> onnx.ModelProto:
 
 
 def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
-              constants: Sequence[Mapping[str, np.ndarray]], names: set[str]) -> tuple[dict[str, np.ndarray], int]:
+              constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], int]:
     """The lowered graph's feeds for this mix (instances of these ``lengths``, whose own
-    ``constants`` give those fed per mix), of those its graph reads (``names``), and its chunks."""
+    ``constants`` give those fed per mix), and its chunks."""
     lengths = [int(n) for n in lengths]
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
     parts: list[Chunk] = chunks(lengths, CHUNK)
-    fed = {name: pattern for step in plan.steps for name, pattern in step.fed.items()}
-    for name, pattern in fed.items():
+    for name, (padded, pattern) in plan.fed.items():
         arrays = [aligned(c[name], pattern) for c in constants]
-        if any(step.kind == PADDED and name in step.fed for step in plan.steps):
+        if padded:
             for k, part in enumerate(parts):
                 feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in part.members], pattern, int(part.lengths[0]))
         else:
             feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
-    if BACK in names:
+    if plan.padded:
         feeds.update(_padded_chunks(parts, lengths))
-    if TARGETS not in names:
+    if not plan.recurrent:
         return feeds, len(parts)
     targets = np.empty(sum(lengths), np.int64)
     offset = 0
@@ -338,12 +333,11 @@ class InstanceAxisRunner:
         self.settings = settings
         self.runs: Recent = Recent(SESSIONS_KEPT)  # chunks -> run(output names, feeds)
         self.made = 0  # sessions made so far
-        self._reads = {input.name for input in lower(plan, 1).graph.input}
 
     def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
             constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[list[np.ndarray]], int]:
         """Outputs ``names`` of every instance (``lengths``: its rows), and the chunks it ran in."""
-        feeds, count = mix_feeds(self.plan, feeds_list, lengths, constants, self._reads)
+        feeds, count = mix_feeds(self.plan, feeds_list, lengths, constants)
         values = run_session(self._run(count), list(names), feeds)
         cuts = np.cumsum(lengths)[:-1]
         split = [np.split(value, cuts, axis=self.plan.axis(name)) for name, value in zip(names, values)]

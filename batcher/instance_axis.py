@@ -81,6 +81,15 @@ class InstanceAxisPlan:
     inputs: list[str]
     outputs: list[str]
     opset: int
+    fed: dict[str, tuple[bool, Pattern]]  # a constant given per mix -> (read in the padded layout, its pattern)
+
+    @property
+    def padded(self) -> bool:
+        return any(step.kind == PADDED for step in self.steps)
+
+    @property
+    def recurrent(self) -> bool:
+        return any(step.kind == "sequences" for step in self.steps)
 
     def axis(self, name: str) -> int:
         """The axis of a per-instance value's rows (of the model's inputs and outputs: the first
@@ -176,8 +185,6 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
             padded.update(name for name in a.outputs if name)
         elif step.kind == "sequences" and any(name in read for name in a.outputs[1:]):
             return refuse(f"{where}: its final states are read")
-        if any(pattern is None for pattern in step.fed.values()):
-            return refuse(f"{where} reads a constant that differs between lengths, not along its length")
         for name, pattern in step.fed.items():  # one feed a constant: read one way only
             if fed_as.setdefault(name, (step.kind == PADDED, pattern)) != (step.kind == PADDED, pattern):
                 return refuse(f"{where} reads a constant given per mix that another node reads otherwise")
@@ -188,7 +195,7 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
     for name in outputs:
         if name not in patterns or patterns[name].count(None) != 1 or _rows_axis(patterns[name]) is None:
             return refuse(f"output {name!r} has no rows along one axis of its length")
-    return InstanceAxisPlan(first.records, steps, first.weights, patterns, list(inputs), list(outputs), opset)
+    return InstanceAxisPlan(first.records, steps, first.weights, patterns, list(inputs), list(outputs), opset, fed_as)
 
 
 def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRecords, opset: int,
@@ -201,7 +208,8 @@ def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRec
         return Step("reshape", sig_a) if sig_a == _signature(b, second.weights, opset, {}) else refuse("a reshape")
     if any(pattern is None or _rows_axis(pattern) is None for pattern in fed.values()):
         return refuse("a constant that differs between lengths, not along its rows")
-    sig_a = _signature(a, first.weights, opset, fed)
+    if fed:
+        sig_a = _signature(a, first.weights, opset, fed)
     if isinstance(sig_a, Refusal):
         return sig_a
     if sig_a[0] not in ROWS_KINDS:
