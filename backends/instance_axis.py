@@ -71,7 +71,8 @@ class _Lowering:
     def lower(self) -> onnx.ModelProto:
         for record, step in zip(self.plan.records, self.plan.steps):
             self.initializers.update((e, self.plan.weights[e]) for e in record.entries if type(e) is str
-                                     and e in self.plan.weights and e not in step.fed and step.kind != "reshape")
+                                     and e in self.plan.weights and e not in step.fed and step.kind != "reshape"
+                                     and step.target is None)  # (a reshape's target, folded per length, is not read)
             if step.kind == PADDED:
                 self.padded_node(record, step)
             elif step.kind == "sequences":
@@ -181,7 +182,6 @@ class _Lowering:
         """The node once a chunk, over each chunk's values, with its masks (see ``batcher.instance_axis``)."""
         out = record.outputs[0]
         per_instance = [bool(name) and (name in self.plan.patterns or name in step.fed) for name in record.inputs]
-        zeros = self._zeros_after(record, step)
         for k in range(self.chunk_count):
             inputs = [self.padded_value(name, k) if mine else name for name, mine in zip(record.inputs, per_instance)]
             for i, axis in step.zeroed.items():
@@ -204,8 +204,8 @@ class _Lowering:
                                                domain=record.domain or None,
                                                **_batched_attributes(record, len(self.plan.patterns.get(
                                                    record.inputs[0], self.plan.patterns[out])), self.plan.opset)))
+        self.zeros[out] = self._zeros_after(record, step)  # (once its inputs are converted: theirs known)
         self.padded.update(name for name in record.outputs if name)
-        self.zeros[out] = zeros
 
     def _zeros_of(self, name: str) -> set[int]:
         return self.zeros.get(name if name in self.padded else f"{name}/padded", set())

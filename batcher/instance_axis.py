@@ -109,7 +109,7 @@ class InstanceAxisPlan:
             if record.op_type != mine.op_type:
                 return refuse(f"node {mine.outputs[0]!r} is {record.op_type}, not {mine.op_type}")
             shared = [name for name in _constants(record, instance.weights) if name not in step.fed]
-            if step.kind != "reshape" and any(not alike(instance.weights[name], self.weights[name]) for name in shared):
+            if step.kind != "reshape" and step.target is None and any(not alike(instance.weights[name], self.weights[name]) for name in shared):
                 return refuse(f"{where} reads a constant of this length's own")
             if any(not _fits(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
@@ -183,6 +183,11 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
             if isinstance(step, Refusal):
                 return refuse(f"{where}: {step.reason}")
             padded.update(name for name in a.outputs if name)
+        elif step.kind == "reshape" and a.inputs[0] in padded:  # a padded value kept padded: no moves
+            kept = _padded_reshape(a.op_type, patterns[a.inputs[0]], patterns[a.outputs[0]])
+            if not isinstance(kept, Refusal):
+                step = kept
+                padded.add(a.outputs[0])
         elif step.kind == "sequences" and any(name in read for name in a.outputs[1:]):
             return refuse(f"{where}: its final states are read")
         for name, pattern in step.fed.items():  # one feed a constant: read one way only
@@ -268,16 +273,20 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
                 return refuse("a product over the length by a shared operand")
             step.zeroed = {0: len(a) - 1, 1: len(data[1]) - 2}
         return step
-    if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and list(data) == [0]:  # run as a Reshape
-        source, out = data[0], outs[0]
-        if source.count(None) != 1 or out.count(None) != 1 or 0 in out:  # (its target's 0 copies the batch axis)
-            return refuse(f"a {op} of other than one length axis")
-        before = [math.prod(p[:p.index(None)]) for p in (source, out)]  # (each position's elements stay its own)
-        if before[0] != before[1]:
-            return refuse(f"a {op} that moves the length")
-        step.target = (0, *(-1 if d is None else d for d in out))
-        return step
+    if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and list(data) == [0]:
+        return _padded_reshape(op, data[0], outs[0])
     return refuse("not row-wise, and no padded rule")
+
+
+def _padded_reshape(op: str, source: Pattern, out: Pattern) -> Step | Refusal:
+    """A reshape as a padded step: a Reshape of each chunk to ``target`` (its shape read from
+    the patterns, not the node's target, which is folded per length), or why not."""
+    if source.count(None) != 1 or out.count(None) != 1 or 0 in out:  # (its target's 0 copies the batch axis)
+        return refuse(f"a {op} of other than one length axis")
+    before = [math.prod(p[:p.index(None)]) for p in (source, out)]  # (each position's elements stay its own)
+    if before[0] != before[1]:
+        return refuse(f"a {op} that moves the length")
+    return Step(PADDED, target=(0, *(-1 if d is None else d for d in out)))
 
 
 def _signature(record: Record, weights: Mapping[str, np.ndarray], opset: int, fed: Mapping[str, object]) -> tuple | Refusal:

@@ -12,7 +12,8 @@ measured faster: ``autobatch.ways``).
 
 Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix; the
 CNN's images are 16..64 pixels a side. The systems take turns (one timed call each a round,
-``--repeats`` rounds, the fastest kept), so that this machine's drifts reach them all. Every
+``--repeats`` rounds, the fastest kept), so that this machine's drifts reach them all; each
+is timed on its second call in a row (the first on another new mix), as in a stream of batches. Every
 batched result is checked against onnxruntime's for its text alone first (float32 within 1e-4
 relative: a projection of every text's rows sums in another order). Padding is exact only where
 a mask reaches every padded position: not for the taggers' reverse direction (its time says
@@ -103,31 +104,36 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path, provid
     for _ in range(2 * (BATCHED_FIRST + 2)):
         chosen.run_batch(None, instances(name, count, rng))
     mixes = [instances(name, count, rng) for _ in range(repeats)]
+    warm_mixes = [instances(name, count, rng) for _ in range(repeats)]  # each new-mix call's untimed one before
     seen = "sizes new" if name == "cnn" else "lengths seen"
     new_mix = {"batched": f"ours, run_batch, a new mix each call ({seen})",
                "as a session chooses": f"ours, run_batch as a session chooses, a new mix each call ({seen})"}
+    # Each system's call, given the new mix of this round (a system of the same mix ignores it).
     systems = {
-        "onnxruntime, one text at a time": lambda k: [alone.run(None, t) for t in batch],
+        "onnxruntime, one text at a time": lambda mix: [alone.run(None, t) for t in batch],
         # The new mixes are other draws, with more or fewer tokens than ``batch``: their rows
         # are compared with onnxruntime over the same mixes too.
-        NEW_MIXES_ALONE: lambda k: [alone.run(None, t) for t in mixes[k]],
-        "onnxruntime, padded to the longest, one call": lambda k: pad.run(None, padded(batch, pad_inputs)),
-        "ours, run_batch, the same mix again": lambda k: ours.run_batch(None, batch),
-        new_mix["batched"]: lambda k: ours.run_batch(None, mixes[k]),
-        new_mix["as a session chooses"]: lambda k: chosen.run_batch(None, mixes[k]),
+        NEW_MIXES_ALONE: lambda mix: [alone.run(None, t) for t in mix],
+        "onnxruntime, padded to the longest, one call": lambda mix: pad.run(None, padded(batch, pad_inputs)),
+        "ours, run_batch, the same mix again": lambda mix: ours.run_batch(None, batch),
+        new_mix["batched"]: lambda mix: ours.run_batch(None, mix),
+        new_mix["as a session chooses"]: lambda mix: chosen.run_batch(None, mix),
     }
     for run in list(systems.values())[:4]:  # warm-ups (the same mix's second use makes its one session)
-        run(0), run(0)
+        run(mixes[0]), run(mixes[0])
     # The systems take turns, each timed once a round, so that the machine's drifts reach them all.
     times: dict[str, list[float]] = {label: [] for label in systems}
     ways, split = [], (float("inf"), {}, 0.0)
     for k in range(repeats):
         for label, run in systems.items():
-            # The last system's onnxruntime threads may still spin (its default); a deployment
-            # runs one of these, so each starts on idle cores.
+            # The last system's onnxruntime threads may still spin (its default): each system
+            # starts on idle cores, and is timed on its second call, as in a stream of batches
+            # (here a core idle for 0.1 s runs the next milliseconds of two-thread work slower:
+            # benchmarks/README.md "Warm calls").
             time.sleep(0.1)
+            run(warm_mixes[k])
             start = time.perf_counter()
-            run(k)
+            run(mixes[k])
             times[label].append(time.perf_counter() - start)
             if label == new_mix["batched"] and times[label][-1] < split[0]:
                 split = (times[label][-1], dict(ours.stats.seconds, **ours.stats.execution), times[NEW_MIXES_ALONE][k])

@@ -156,6 +156,32 @@ def test_a_padded_position_never_reaches_a_real_one(backend):
     assert session.stats.report.scheduler == "instance axis"
 
 
+def test_a_reshape_of_a_padded_value_keeps_it_padded(backend):
+    """Heads split and moved about (as the dynamo exporter writes ``nn.MultiheadAttention``'s):
+    a reshape that keeps each position's elements together runs on the padded chunks, so the
+    value moves from rows to padded once and back once (before, the Squeeze of a value with no
+    rows stopped the model, and the last Reshape moved it back to rows first)."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 6] x) => (float[1, L, 6] y) {
+        e = Exp(x)
+        r = Reshape(e, heads)
+        t = Transpose<perm = [0, 2, 1, 3]>(r)
+        s = Squeeze(t, zero)
+        u = Transpose<perm = [1, 0, 2]>(s)
+        y = Reshape(u, rows) }""", heads=np.array([1, -1, 2, 3], np.int64), zero=_I["zero"],
+                   rows=np.array([1, -1, 6], np.int64))
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(17)
+    batch = [{"x": rng.standard_normal((1, n, 6)).astype(np.float32)} for n in LENGTHS]
+    assert_batched_equals_alone(session, batch)
+    chunks = math.ceil(len(LENGTHS) / CHUNK)
+    assert session.stats.report.scheduler == "instance axis"
+    assert session.stats.report.launches_by_op == {"Exp": 1, "Reshape": 1 + chunks, "Transpose": 2 * chunks,
+                                                   "Squeeze": chunks}
+    ops = [node.op_type for node in session.axis_batches.model(batch).graph.node]
+    assert ops.count("Gather") == chunks + 1  # to padded a Gather a chunk, back one Gather
+
+
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{
