@@ -10,7 +10,8 @@ mean over N -> a 512-2048-512 MLP -> scores. ``--model lstm`` (or ``bert``, any 
 (``ids: int64[1, N]``, N lognormal, median 17, 5..60; width ``--size``). The server runs in its
 own process; the clients are threads here, each on a keep-alive connection, sending Triton's
 binary tensors. Every response is checked against ``InferenceSession.run`` of that instance
-alone: none may be lost or differ.
+alone: none may be lost or differ. ``--warm-every-length`` sends one request of each length before
+timing (a server's steady state: a batched server types the model once for each length new to it).
 """
 
 from __future__ import annotations
@@ -184,7 +185,10 @@ def run_server(model_path: str, flags: list[str], args: argparse.Namespace, xs, 
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not start: {process.stderr.read() if process.stderr else ''}")
             time.sleep(0.1)
-        drive(port, xs[:args.clients], expected[:args.clients], args.clients, args.time_limit, served)  # warm-up
+        warm = list(range(args.clients))
+        if args.warm_every_length:  # and one request of each length the run sends: a server's steady state
+            warm += list({x.shape: k for k, x in enumerate(xs)}.values())
+        drive(port, [xs[k] for k in warm], [expected[k] for k in warm], args.clients, args.time_limit, served)
         result = drive(port, xs, expected, args.clients, args.time_limit, served)
         text = get(port, "/metrics")[1]
         total = float(re.search(rf'^autobatch_batch_size_sum\{{model="{served.name}"\}} (\S+)', text, re.M).group(1))
@@ -211,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
     parser.add_argument("--model", default="pooled", help="pooled, or one of benchmarks.exports' models (lstm, bert, ...)")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="an exported model's width")
+    parser.add_argument("--warm-every-length", action="store_true",
+                        help="before timing, send one request of each length the run sends (a server's steady "
+                             "state: a batched server types the model once for each length new to it)")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(1)

@@ -118,7 +118,7 @@ def test_serving_load_serves_an_exported_model_with_nothing_lost_or_wrong(capsys
     from benchmarks import serving_load
 
     assert serving_load.main(["--model", "lstm", "--size", "8", "--requests", "12", "--clients", "4",
-                              "--backend", "onnxruntime"]) == 0
+                              "--backend", "onnxruntime", "--warm-every-length"]) == 0
     printed = capsys.readouterr().out
     assert "batching on" in printed and "always batched" in printed and "batching off" in printed
 
