@@ -30,11 +30,26 @@ class OrtBackendRep(BackendRep):
                     "4-bit arrays; run it on the numpy backend")
         # The whole model, run for instance after instance (``InferenceSession.run``, a batch
         # run alone in turn): its threads spin between runs, as onnxruntime's own session's do.
-        self.session = new_session(to_onnx(graph), session_options(threads, stop_spinning=False), providers)
+        self.session = new_session(_shapes_as_hints(to_onnx(graph)), session_options(threads, stop_spinning=False), providers)
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = check_feeds(self.graph, feeds_by_name(self.graph.inputs, inputs))
         return tuple(run_session(self.session.run, None, feeds))
+
+
+def _shapes_as_hints(model: ModelProto) -> ModelProto:
+    """The model with its outputs' dimensions unnamed (their ranks kept) and no shapes declared
+    for the values between: a model may declare shapes that do not hold (two outputs of [R, C]
+    whose first axes differ, 1 and N), and onnxruntime's planner, taking them as facts, reuses a
+    buffer of another shape ("Shape mismatch attempting to re-use buffer", fuzz seed 163532,
+    where onnxruntime's own session got by only because it ran no node after the shorter
+    output). onnxruntime infers what holds from the inputs."""
+    del model.graph.value_info[:]
+    for value in model.graph.output:
+        if value.type.HasField("tensor_type"):
+            for dim in value.type.tensor_type.shape.dim:
+                dim.Clear()
+    return model
 
 
 class OrtBackend(Backend):

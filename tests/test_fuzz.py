@@ -62,3 +62,13 @@ def test_programs_the_node_level_plan_once_failed_on(seed: int) -> None:
     """A Softmax of a constant given per mix (8765) and a program the slow run raised on (9699):
     planned once per node or refused, never failing."""
     _check(programs=1, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [97161, 163532])
+def test_programs_whose_declared_shapes_do_not_hold_run_alone_on_onnxruntime(seed: int) -> None:
+    """Their outputs declare one length for values of different lengths (``[R, C]`` for a row
+    sliced out, ``[1, 4]``, and for all rows, ``[N, 4]``): our one-instance run on onnxruntime
+    raised ("Shape mismatch attempting to re-use buffer") where onnxruntime's own session ran.
+    Declared shapes are hints: onnxruntime's session now infers its own (``OrtBackendRep``)."""
+    outcomes = fuzz(range(seed, seed + 1), ["onnxruntime"])
+    assert not outcomes["onnxruntime"].errors and outcomes["onnxruntime"].programs == 1, report(outcomes)
