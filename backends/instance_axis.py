@@ -212,7 +212,8 @@ class _Lowering:
 
     def _zeros_after(self, record: Any, step: Any) -> set[int]:
         """The axes along which the node's output is 0 at padded positions: those of its input
-        where it only moves values (Transpose, Reshape, Identity), a masked Softmax's axis."""
+        where it only moves values (Transpose, Reshape, Identity, a Gather of shared indices off
+        the length: the dynamo exporter's Q, K, V picked from one tensor), a masked Softmax's axis."""
         if step.key_mask is not None and record.op_type == "Softmax":
             return {step.key_mask}
         source = self._zeros_of(record.inputs[0]) if record.inputs else set()
@@ -221,6 +222,12 @@ class _Lowering:
         if record.op_type == "Transpose":
             perm = list(record_attribute(record, "perm", []))
             return {perm.index(axis) for axis in source}
+        if record.op_type == "Identity":
+            return source
+        if record.op_type == "Gather" and record.inputs[1] in self.plan.weights and record.inputs[1] not in step.fed:
+            axis = record_attribute(record, "axis", 0) % len(self.plan.patterns[record.inputs[0]])  # (never a length's)
+            moved = np.ndim(self.plan.weights[record.inputs[1]]) - 1  # the indices' axes in place of one
+            return {z if z < axis else z + moved for z in source}
         return set()
 
     def recurrent(self, record: Any, x: str) -> None:

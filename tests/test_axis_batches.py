@@ -182,6 +182,31 @@ def test_a_reshape_of_a_padded_value_keeps_it_padded(backend):
     assert ops.count("Gather") == chunks + 1  # to padded a Gather a chunk, back one Gather
 
 
+def test_values_picked_from_one_padded_tensor_keep_its_zeros(backend):
+    """Q, K and V picked by a Gather from one tensor (as the dynamo exporter writes
+    ``nn.MultiheadAttention``) keep the zeros of V's padded positions (its rows read the zero
+    row): the product over the length needs no Where to zero them again, only the Softmax its mask."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 6] x) => (float[1, L, 2] y) {
+        qkv = Reshape(x, packed)
+        t = Transpose<perm = [2, 0, 1, 3]>(qkv)
+        q = Gather<axis = 0>(t, i0)
+        k = Gather<axis = 0>(t, i1)
+        v = Gather<axis = 0>(t, i2)
+        kt = Transpose<perm = [0, 2, 1]>(k)
+        s = MatMul(q, kt)
+        p = Softmax<axis = -1>(s)
+        y = MatMul(p, v) }""", packed=np.array([1, -1, 3, 2], np.int64), i0=np.array(0, np.int64),
+                   i1=np.array(1, np.int64), i2=np.array(2, np.int64))
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(18)
+    batch = [{"x": rng.standard_normal((1, n, 6)).astype(np.float32)} for n in LENGTHS]
+    assert_batched_equals_alone(session, batch, atol=1e-5)
+    assert session.stats.report.scheduler == "instance axis"
+    ops = [node.op_type for node in session.axis_batches.model(batch).graph.node]
+    assert ops.count("Where") == math.ceil(len(LENGTHS) / CHUNK)  # the Softmax's masks only
+
+
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{
