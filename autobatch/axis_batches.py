@@ -20,6 +20,7 @@ from autobatch.batcher.rule_tables import Refusal
 from autobatch.batcher.sequences import CHUNK, chunks
 from autobatch.feed_keys import input_signature
 from autobatch.ir import Graph, Recent
+from autobatch.length_check import LengthCheck
 from autobatch.typed_instances import SHAPES_KEPT, ModelInstances
 
 log = logging.getLogger("autobatch")
@@ -37,6 +38,7 @@ class AxisBatches:
         self.instances = instances
         self.settings = settings  # None: the NumPy interpreter
         self.runner: InstanceAxisRunner | None = None
+        self.lengths: LengthCheck | None = None  # a new length checked without typing the model for it
         self.refusal: str | None = None
         self._fits: Recent = Recent(SHAPES_KEPT)  # input signature -> its rows, or why it does not fit
         self._undecided = 0  # probes that could not tell the rows' axis
@@ -91,7 +93,7 @@ class AxisBatches:
         return lower(self.runner.plan, len(chunks([length for length, _ in fits], CHUNK)))  # type: ignore[union-attr]
 
     def refuse(self, reason: str, level: int = logging.INFO) -> None:
-        self.refusal, self.runner = reason, None
+        self.refusal, self.runner, self.lengths = reason, None, None
         log.log(level, "batches of %s are planned per mix: %s", self.graph.name, reason)
 
     def _probe(self, batch: Sequence[Mapping[str, Any]], signatures: Sequence[tuple]) -> bool:
@@ -114,6 +116,10 @@ class AxisBatches:
             self.refuse(plan.reason)
             return False
         self.runner = InstanceAxisRunner(plan, self.settings)
+        try:
+            self.lengths = LengthCheck(self.graph, self.instances.graph_of(two[0]), plan)
+        except Exception as error:  # noqa: BLE001 - each new length is typed instead
+            log.debug("new lengths of %s are typed: %s: %s", self.graph.name, type(error).__name__, error)
         log.info("batches of %s run as one graph of its nodes over every instance's rows", self.graph.name)
         return True
 
@@ -122,6 +128,10 @@ class AxisBatches:
         length = plan.length({name: np.shape(value) for name, value in feeds.items()})
         if isinstance(length, Refusal):
             return length
+        constants = None if self.lengths is None else self.lengths.constants(
+            length, {name: np.asarray(value).dtype for name, value in feeds.items()})
+        if constants is not None:
+            return length, constants
         records = self.instances.records_of(feeds)
         refusal = plan.refusal(records)  # (a Refusal is falsy: not ``or``)
         return (length, records.weights) if refusal is None else refusal

@@ -111,13 +111,13 @@ class InstanceAxisPlan:
             shared = [name for name in _constants(record, instance.weights) if name not in step.fed]
             if step.kind != "reshape" and step.target is None and any(not alike(instance.weights[name], self.weights[name]) for name in shared):
                 return refuse(f"{where} reads a constant of this length's own")
-            if any(not _fits(aligned(instance.weights[name], pattern).shape, pattern, length)
+            if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
                 return refuse(f"{where} reads a constant of another shape")
             if step.kind == PADDED:
                 values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
                     [(name, entry) for name, entry in zip(record.inputs, record.entries) if isinstance(entry, ValueType)]
-                if any(vtype is None or not _fits(vtype.shape, self.patterns[name], length) for name, vtype in values):
+                if any(vtype is None or not fits_pattern(vtype.shape, self.patterns[name], length) for name, vtype in values):
                     return refuse(f"{where} has other shapes at this length")
                 continue
             found = _signature(record, instance.weights, self.opset, step.fed)
@@ -135,7 +135,7 @@ class InstanceAxisPlan:
         if len(lengths) != 1:
             return refuse(f"its inputs differ in length: {sorted(lengths)}" if lengths else "its inputs have other ranks")
         length = lengths.pop()
-        if not all(_fits(shapes[name], self.patterns[name], length) for name in self.inputs):
+        if not all(fits_pattern(shapes[name], self.patterns[name], length) for name in self.inputs):
             return refuse("its inputs have other shapes than the model's")
         return length
 
@@ -354,7 +354,7 @@ def aligned(array: np.ndarray, pattern: Pattern) -> np.ndarray:
     return array.reshape((1,) * (len(pattern) - array.ndim) + array.shape) if array.ndim < len(pattern) else array
 
 
-def _fits(shape: Sequence[int] | None, pattern: Pattern, length: int) -> bool:
+def fits_pattern(shape: Sequence[int] | None, pattern: Pattern, length: int) -> bool:
     return shape is not None and len(shape) == len(pattern) and all(
         s == (length if d is None else d) for s, d in zip(shape, pattern))
 

@@ -207,6 +207,51 @@ def test_values_picked_from_one_padded_tensor_keep_its_zeros(backend):
     assert ops.count("Where") == math.ceil(len(LENGTHS) / CHUNK)  # the Softmax's masks only
 
 
+@pytest.mark.parametrize("name", ["causal", "fraction"])
+def test_a_new_length_is_checked_without_typing_the_model(backend, name, monkeypatch):
+    """After the probe, a length new to the session is checked against the plan by evaluating
+    the nodes that depend on shapes only and inferring the rest's shapes once
+    (``autobatch/length_check.py``), not by typing the whole model for it; the masks it folds
+    are each length's own."""
+    from tests.test_padding import CAUSAL, FRACTION, _masked
+
+    session = autobatch.InferenceSession(_masked(CAUSAL if name == "causal" else FRACTION), backend=backend,
+                                         alone_when_faster=False)
+    rng = np.random.default_rng(19)
+    texts = lambda lengths: [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]  # noqa: E731
+    assert_batched_equals_alone(session, texts([6, 9]), atol=1e-5)  # the probe types these two
+    typed = []
+    monkeypatch.setattr(session.axis_batches.instances, "records_of", lambda feeds: typed.append(feeds) or 1 / 0)
+    batch = texts([3, 12, 7, 5, 17, 2, 11, 4, 13])  # every length new
+    got = session.run_batch(None, batch)
+    assert session.stats.report.scheduler == "instance axis" and typed == []
+    monkeypatch.undo()
+    for k, (feeds, outputs) in enumerate(zip(batch, got)):
+        assert_same(outputs[0], session.run(None, feeds)[0], rtol=1e-5, atol=1e-5, what=f"instance {k}")
+
+
+def test_a_length_where_a_shared_constant_differs_is_typed_and_refused(backend):
+    """``min(L, 6)`` is 6 at both probe lengths (a constant the plan shares) and 4 at length 4:
+    the check sees it differ, the model is typed for that length, which refuses it, and its
+    batch is planned per mix, each instance's results its own."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        shape = Shape(x)
+        n = Slice(shape, one, two)
+        m = Min(n, six)
+        scale = Cast<to = 1>(m)
+        y = Mul(x, scale) }""", one=_I["one"], two=_I["two"], six=np.array([6], np.int64))
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(20)
+    texts = lambda lengths: [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]  # noqa: E731
+    assert_batched_equals_alone(session, texts([8, 10]))
+    assert session.stats.report.scheduler == "instance axis"
+    assert_batched_equals_alone(session, texts([9, 12, 7]))  # new lengths, min(L, 6) = 6: planned once
+    assert session.stats.report.scheduler == "instance axis"
+    assert_batched_equals_alone(session, texts([4, 9, 12]))
+    assert session.stats.report.scheduler != "instance axis"
+
+
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{

@@ -1,0 +1,114 @@
+"""A length new to a session checked against its node-level plan (``batcher.instance_axis``)
+without typing the whole model for it (``ModelInstances.records_of``: shape inference and
+folding in rounds, 15-17 ms a length for the exported BERT, which a server meeting ever new
+lengths paid batch after batch).
+
+The probe's typed graph says which of the model's nodes depend on shapes only (folding made
+them constants). For a new length those nodes are evaluated once, on the NumPy interpreter, with
+each shape they read taken from the plan's patterns; the rest of the model is shape-inferred once
+(ONNX's inference, what typing runs) with those values as its constants. The length fits where
+every per-instance value has its pattern's shape there, every constant the plan shares has the
+probe's value and every constant given per mix its pattern: then typing would have found the
+same (the nodes, their signatures and shapes follow from those), and this costs 1-3 ms. Where
+anything differs or cannot be told, the caller types the model as before, which decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from autobatch.backends.interpreter import Interpreter
+from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers
+from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_pattern
+from autobatch.batcher.instances import alike
+from autobatch.ir import Graph, to_onnx
+from autobatch.ir.graph import SHAPE_DATA_LIMIT
+
+log = logging.getLogger("autobatch")
+
+
+class LengthCheck:
+    """``constants(length, dtypes)``: what the plan feeds per mix to an instance of ``length``
+    whose inputs have these ``dtypes`` (the constants folded there), or None where the model
+    must be typed for it to tell."""
+
+    def __init__(self, graph: Graph, typed: Graph, plan: InstanceAxisPlan) -> None:
+        self.plan = plan
+        model = Graph.union([graph], rename=lambda _k, name: name)
+        constants_to_initializers(model)
+        known = {name for name, value in model.values.items() if value.const is not None}
+        folded = {name for name, value in typed.values.items() if value.const is not None} - known
+        shapes = model.subgraph(model.producer_of(name)[0] for name in folded  # type: ignore[index]
+                                if model.producer_of(name) is not None)  # its inputs: the values its Shape nodes read
+        if any(name not in plan.patterns for name in shapes.inputs):
+            raise ValueError("a node folded at the probe reads a value of no pattern")
+        self.dtypes = {name: typed.values[name].type.dtype for name in plan.inputs}  # type: ignore[union-attr]
+        self.reads = {name: typed.values[name].type.dtype for name in shapes.inputs}  # type: ignore[union-attr]
+        self.interpreter = Interpreter(shapes)
+        skeleton = to_onnx(typed, check=False, data_limit=SHAPE_DATA_LIMIT)
+        self.given = set(shapes.outputs)  # the folded values the rest of the model reads
+        kept = [i for i in skeleton.graph.input if i.name not in self.given]
+        del skeleton.graph.input[:]
+        skeleton.graph.input.extend(kept)
+        kept = [t for t in skeleton.graph.initializer if t.name not in self.given]
+        del skeleton.graph.initializer[:]
+        skeleton.graph.initializer.extend(kept)
+        del skeleton.graph.value_info[:]
+        for info in skeleton.graph.output:  # (typed at the probe's length)
+            info.type.tensor_type.ClearField("shape")
+        self.skeleton = skeleton  # the typed model less those values, and less its own shapes
+        # The constants that must be the probe's (a reshape's target, folded per length, may not).
+        self.shared = {e for record, step in zip(plan.records, plan.steps) if step.kind != "reshape" and step.target is None
+                       for e in record.entries if type(e) is str and e in self.given and e not in step.fed}
+        self.fed = {name: pattern for step in plan.steps for name, pattern in step.fed.items()}
+
+    def constants(self, length: int, dtypes: dict[str, np.dtype]) -> dict[str, np.ndarray] | None:
+        if length < 2 or any(dtypes.get(name) != dtype for name, dtype in self.dtypes.items()):
+            return None  # (one row may sign otherwise: ``one_row_signatures``)
+        try:
+            values = self._folded(length)
+            if values is None or not self._shapes_fit(length, values):
+                return None
+        except Exception as error:  # noqa: BLE001 - the model is typed for this length instead
+            log.debug("length %d is typed: its check failed (%s: %s)", length, type(error).__name__, error)
+            return None
+        if any(not fits_pattern(aligned(values[name], pattern).shape, pattern, length)
+               for name, pattern in self.fed.items()):
+            return None
+        if any(not alike(values[name], self.plan.weights[name]) for name in self.shared):
+            return None
+        return {name: values[name] for name in self.fed}
+
+    def _folded(self, length: int) -> dict[str, np.ndarray] | None:
+        feeds = {name: np.broadcast_to(np.zeros((), dtype), _at(self.plan.patterns[name], length))
+                 for name, dtype in self.reads.items()}
+        values = {name: np.asarray(value) for name, value in zip(self.interpreter.graph.outputs, self.interpreter.run(feeds))}
+        return None if any(value.size > FOLD_LIMIT for value in values.values()) else values  # (typing would not fold it)
+
+    def _shapes_fit(self, length: int, values: dict[str, Any]) -> bool:
+        model = onnx.ModelProto()
+        model.CopyFrom(self.skeleton)
+        for info in model.graph.input:
+            if info.name in self.plan.inputs:
+                for dim, size in zip(info.type.tensor_type.shape.dim, _at(self.plan.patterns[info.name], length)):
+                    dim.Clear()
+                    dim.dim_value = size
+        for name, value in values.items():  # as typing gives them to shape inference
+            if value.size > SHAPE_DATA_LIMIT:
+                model.graph.input.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+            else:
+                model.graph.initializer.append(numpy_helper.from_array(value, name))
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+        shapes = {info.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim)
+                  for info in (*inferred.input, *inferred.value_info, *inferred.output)}
+        return all(shapes.get(name) == _at(pattern, length) for name, pattern in self.plan.patterns.items())
+
+
+def _at(pattern: tuple, length: int) -> tuple[int, ...]:
+    return tuple(length if d is None else d for d in pattern)
