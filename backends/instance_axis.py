@@ -14,6 +14,7 @@ most ``ceil(instances / CHUNK)``).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -340,6 +341,9 @@ class InstanceAxisRunner:
         self.settings = settings
         self.runs: Recent = Recent(SESSIONS_KEPT)  # chunks -> run(output names, feeds)
         self.made = 0  # sessions made so far
+        self._launches: tuple[Counter[str], Counter[str]] = (Counter(), Counter())  # by op: once, once a chunk
+        for record, step in zip(plan.records, plan.steps):
+            self._launches[step.kind in ("sequences", PADDED)][record.op_type] += 1
 
     def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
             constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[list[np.ndarray]], int]:
@@ -353,10 +357,8 @@ class InstanceAxisRunner:
     def launches(self, chunk_count: int) -> dict[str, int]:
         """The lowered graph's launches by op type of the model (a recurrent layer's and a padded
         step's: one a chunk)."""
-        counts: dict[str, int] = {}
-        for record, step in zip(self.plan.records, self.plan.steps):
-            counts[record.op_type] = counts.get(record.op_type, 0) + (chunk_count if step.kind in ("sequences", PADDED) else 1)
-        return counts
+        once, per_chunk = self._launches
+        return {op: once.get(op, 0) + chunk_count * per_chunk.get(op, 0) for op in {*once, *per_chunk}}
 
     def _run(self, count: int) -> Any:
         run = self.runs.get(count)

@@ -31,6 +31,7 @@ recurrent layer whose final states are read, instances whose inputs differ in le
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,11 +84,11 @@ class InstanceAxisPlan:
     opset: int
     fed: dict[str, tuple[bool, Pattern]]  # a constant given per mix -> (read in the padded layout, its pattern)
 
-    @property
+    @functools.cached_property
     def padded(self) -> bool:
         return any(step.kind == PADDED for step in self.steps)
 
-    @property
+    @functools.cached_property
     def recurrent(self) -> bool:
         return any(step.kind == "sequences" for step in self.steps)
 
