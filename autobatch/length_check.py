@@ -72,15 +72,13 @@ class LengthCheck:
             return None  # (one row may sign otherwise: ``one_row_signatures``)
         try:
             values = self._folded(length)
-            if values is None or not self._shapes_fit(length, values):
+            if values is None or not self._shapes_fit(length, values) or any(
+                    not fits_pattern(aligned(values[name], pattern).shape, pattern, length)
+                    for name, pattern in self.fed.items()) or any(
+                    not alike(values[name], self.plan.weights[name]) for name in self.shared):
                 return None
         except Exception as error:  # noqa: BLE001 - the model is typed for this length instead
             log.debug("length %d is typed: its check failed (%s: %s)", length, type(error).__name__, error)
-            return None
-        if any(not fits_pattern(aligned(values[name], pattern).shape, pattern, length)
-               for name, pattern in self.fed.items()):
-            return None
-        if any(not alike(values[name], self.plan.weights[name]) for name in self.shared):
             return None
         return {name: values[name] for name in self.fed}
 
