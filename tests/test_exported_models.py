@@ -173,3 +173,23 @@ def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exporte
         runner = runner or session.axis_batches.runner
         assert session.axis_batches.runner is runner
     assert len(session._flat_plans) == 0
+
+
+@pytest.mark.parametrize("name, dynamo", [("encoder", True), ("bert", False), ("bert", True), ("gpt2", False),
+                                          ("gpt2", True)])
+def test_a_new_length_of_an_export_is_checked_without_typing_and_gets_the_constants_typing_gives(exported, name, dynamo):
+    """``autobatch/length_check.py`` against typing the model for the length
+    (``ModelInstances.records_of``): the same constants given per mix, at lengths never seen."""
+    if name in ("bert", "gpt2"):
+        pytest.importorskip("transformers")
+    session = run_and_compare(exported(name, dynamo=dynamo), "onnxruntime", rtol=1e-4, atol=1e-5)
+    check, instances = session.axis_batches.lengths, session.axis_batches.instances
+    assert check is not None
+    for length in (2, 4, 15, 33):
+        feeds = {"ids": np.zeros((1, length), np.int64)}
+        constants = check.constants(length, {"ids": np.dtype(np.int64)})
+        assert constants is not None, length
+        typed = instances.records_of(feeds).weights
+        assert set(constants) == set(session.axis_batches.runner.plan.fed)
+        for constant, value in constants.items():
+            np.testing.assert_array_equal(value, typed[constant], err_msg=f"{constant} at length {length}")
