@@ -47,11 +47,15 @@ class LengthCheck:
                                 if model.producer_of(name) is not None)  # its inputs: the values its Shape nodes read
         if any(name not in plan.patterns for name in shapes.inputs):
             raise ValueError("a node folded at the probe reads a value of no pattern")
+        if any(node.inputs and all(not name or typed.values[name].const is not None for name in node.inputs)
+               for node in typed.nodes.values()):  # (left computed: too big, FOLD_LIMIT; smaller, typing would fold it)
+            raise ValueError("a node of constant inputs was left unfolded at the probe")
         self.dtypes = {name: typed.values[name].type.dtype for name in plan.inputs}  # type: ignore[union-attr]
         self.reads = {name: typed.values[name].type.dtype for name in shapes.inputs}  # type: ignore[union-attr]
+        self.given = set(shapes.outputs)  # the folded values the rest of the model reads
+        shapes.outputs += sorted(folded - self.given)  # (each checked against FOLD_LIMIT, as typing does)
         self.interpreter = Interpreter(shapes)
         skeleton = to_onnx(typed, check=False, data_limit=SHAPE_DATA_LIMIT)
-        self.given = set(shapes.outputs)  # the folded values the rest of the model reads
         kept = [i for i in skeleton.graph.input if i.name not in self.given]
         del skeleton.graph.input[:]
         skeleton.graph.input.extend(kept)
@@ -86,7 +90,9 @@ class LengthCheck:
         feeds = {name: np.broadcast_to(np.zeros((), dtype), _at(self.plan.patterns[name], length))
                  for name, dtype in self.reads.items()}
         values = {name: np.asarray(value) for name, value in zip(self.interpreter.graph.outputs, self.interpreter.run(feeds))}
-        return None if any(value.size > FOLD_LIMIT for value in values.values()) else values  # (typing would not fold it)
+        if any(value.size > FOLD_LIMIT for value in values.values()):  # typing would leave it computed
+            return None
+        return {name: value for name, value in values.items() if name in self.given}
 
     def _shapes_fit(self, length: int, values: dict[str, Any]) -> bool:
         model = onnx.ModelProto()

@@ -254,6 +254,8 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
             record_attribute(record, "axis", 0) % rank] is not None):
         return step
     if op in ("Gather", "Split") and list(data) == [0]:  # along an axis of the instance's own, not the length
+        if any(name in fed for name in record.inputs[1:]):  # (one Gather of a chunk reads one set of indices)
+            return refuse(f"a {op} by indices or sizes of each length's own")
         axis = record_attribute(record, "axis", 0) % len(data[0])
         return step if data[0][axis] is not None else refuse(f"a {op} along the length")
     if op == "Transpose":

@@ -252,6 +252,50 @@ def test_a_length_where_a_shared_constant_differs_is_typed_and_refused(backend):
     assert session.stats.report.scheduler != "instance axis"
 
 
+def test_the_length_check_folds_what_typing_folds():
+    """Typing leaves a value over ``FOLD_LIMIT`` elements computed (the graph then has other
+    nodes, and the length is refused): the check says so too, rather than accept the length.
+    ``n x n`` ones summed: folded at lengths 8 and 10, not at 300. And a plan with a node of
+    constant inputs left computed at the probe (a ``[1, L, L]`` mask at lengths 300 and 310,
+    which typing would fold at 100) has its new lengths typed."""
+    from autobatch.batcher.constants import FOLD_LIMIT
+
+    summed = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        sh = Shape(x)
+        n = Slice(sh, one, two)
+        nn = Concat<axis = 0>(n, n)
+        big = ConstantOfShape<value = float[1] {1.0}>(nn)
+        r = ReduceSum<keepdims = 0>(big, zero)
+        c = Reshape(r, column)
+        y = Mul(x, c) }""", **_I, column=np.array([1, -1, 1], np.int64))
+    masked = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        sh = Shape(x)
+        n = Gather<axis = 0>(sh, one0)
+        r = Range(zero0, n, one0)
+        r0 = Unsqueeze(r, a01)
+        r1 = Unsqueeze(r, a02)
+        mask = LessOrEqual(r0, r1)
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        w = Where(mask, s, low)
+        p = Softmax<axis = -1>(w)
+        y = MatMul(p, x) }""", zero0=np.array(0, np.int64), one0=np.array(1, np.int64), a01=np.array([0, 1], np.int64),
+                    a02=np.array([0, 2], np.int64), low=np.array(-1e4, np.float32))
+    rng = np.random.default_rng(22)
+    texts = lambda lengths: [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]  # noqa: E731
+    session = autobatch.InferenceSession(summed, backend="numpy", alone_when_faster=False)
+    assert_batched_equals_alone(session, texts([8, 10]))
+    long = int(np.sqrt(FOLD_LIMIT)) + 1
+    assert session.axis_batches.lengths.constants(9, {"x": np.dtype(np.float32)}) is not None
+    assert session.axis_batches.lengths.constants(long, {"x": np.dtype(np.float32)}) is None
+    assert_batched_equals_alone(session, texts([long, 9]))
+    session = autobatch.InferenceSession(masked, backend="numpy", alone_when_faster=False)
+    assert_batched_equals_alone(session, texts([long + 40, long + 50]), atol=1e-5)
+    assert session.stats.report.scheduler == "instance axis" and session.axis_batches.lengths is None
+
+
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{
@@ -394,6 +438,23 @@ def test_what_a_review_found_runs_planned_once_or_is_refused_with_each_instances
         assert session.stats.report.scheduler == "instance axis"
     else:
         assert session.stats.report.scheduler != "instance axis" and refused in session.axis_batches.refusal
+
+
+def test_a_gather_by_indices_of_each_length_own_is_not_padded(backend):
+    """``Gather(x, min(L, 8) - 1)`` along an axis of the instance's own: its index, folded for
+    each length, would be given per mix padded to a chunk, and one Gather over the chunk reads
+    one set of indices for all its instances (a review found it gave other values): refused."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 8] x) => (float[1, L, 1] y) {
+        sh = Shape(x)
+        n = Slice(sh, one, two)
+        k = Min(n, cap)
+        i = Sub(k, one)
+        y = Gather<axis = 2>(x, i) }""", one=_I["one"], two=_I["two"], cap=np.array([8], np.int64))
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(21)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 8)).astype(np.float32)} for n in (5, 6, 3, 7)])
+    assert "a Gather by indices or sizes of each length's own" in session.axis_batches.refusal
 
 
 def test_an_integer_division_is_not_padded(backend):
