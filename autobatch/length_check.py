@@ -24,7 +24,7 @@ from onnx import helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers
-from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_pattern
+from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_pattern, pattern_at
 from autobatch.batcher.instances import alike
 from autobatch.ir import Graph, to_onnx
 from autobatch.ir.graph import SHAPE_DATA_LIMIT
@@ -66,10 +66,9 @@ class LengthCheck:
         for info in skeleton.graph.output:  # (typed at the probe's length)
             info.type.tensor_type.ClearField("shape")
         self.skeleton = skeleton  # the typed model less those values, and less its own shapes
-        # The constants that must be the probe's (a reshape's target, folded per length, may not).
-        self.shared = {e for record, step in zip(plan.records, plan.steps) if step.kind != "reshape" and step.target is None
+        # The constants that must be the probe's (what ``InstanceAxisPlan.refusal`` compares).
+        self.shared = {e for record, step in zip(plan.records, plan.steps) if step.reads_constants
                        for e in record.entries if type(e) is str and e in self.given and e not in step.fed}
-        self.fed = {name: pattern for step in plan.steps for name, pattern in step.fed.items()}
 
     def constants(self, length: int, dtypes: dict[str, np.dtype]) -> dict[str, np.ndarray] | None:
         if length < 2 or any(dtypes.get(name) != dtype for name, dtype in self.dtypes.items()):
@@ -78,16 +77,16 @@ class LengthCheck:
             values = self._folded(length)
             if values is None or not self._shapes_fit(length, values) or any(
                     not fits_pattern(aligned(values[name], pattern).shape, pattern, length)
-                    for name, pattern in self.fed.items()) or any(
+                    for name, (_, pattern) in self.plan.fed.items()) or any(
                     not alike(values[name], self.plan.weights[name]) for name in self.shared):
                 return None
         except Exception as error:  # noqa: BLE001 - the model is typed for this length instead
             log.debug("length %d is typed: its check failed (%s: %s)", length, type(error).__name__, error)
             return None
-        return {name: values[name] for name in self.fed}
+        return {name: values[name] for name in self.plan.fed}
 
     def _folded(self, length: int) -> dict[str, np.ndarray] | None:
-        feeds = {name: np.broadcast_to(np.zeros((), dtype), _at(self.plan.patterns[name], length))
+        feeds = {name: np.broadcast_to(np.zeros((), dtype), pattern_at(self.plan.patterns[name], length))
                  for name, dtype in self.reads.items()}
         values = {name: np.asarray(value) for name, value in zip(self.interpreter.graph.outputs, self.interpreter.run(feeds))}
         if any(value.size > FOLD_LIMIT for value in values.values()):  # typing would leave it computed
@@ -99,7 +98,7 @@ class LengthCheck:
         model.CopyFrom(self.skeleton)
         for info in model.graph.input:
             if info.name in self.plan.inputs:
-                for dim, size in zip(info.type.tensor_type.shape.dim, _at(self.plan.patterns[info.name], length)):
+                for dim, size in zip(info.type.tensor_type.shape.dim, pattern_at(self.plan.patterns[info.name], length)):
                     dim.Clear()
                     dim.dim_value = size
         for name, value in values.items():  # as typing gives them to shape inference
@@ -111,8 +110,4 @@ class LengthCheck:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
         shapes = {info.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in info.type.tensor_type.shape.dim)
                   for info in (*inferred.input, *inferred.value_info, *inferred.output)}
-        return all(shapes.get(name) == _at(pattern, length) for name, pattern in self.plan.patterns.items())
-
-
-def _at(pattern: tuple, length: int) -> tuple[int, ...]:
-    return tuple(length if d is None else d for d in pattern)
+        return all(shapes.get(name) == pattern_at(pattern, length) for name, pattern in self.plan.patterns.items())

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
-from autobatch.batcher.instance_axis import PADDED, InstanceAxisPlan, aligned
+from autobatch.batcher.instance_axis import PADDED, InstanceAxisPlan, aligned, pattern_at
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, Chunk, chunks
 from autobatch.ir import Recent, from_onnx
@@ -72,8 +72,7 @@ class _Lowering:
     def lower(self) -> onnx.ModelProto:
         for record, step in zip(self.plan.records, self.plan.steps):
             self.initializers.update((e, self.plan.weights[e]) for e in record.entries if type(e) is str
-                                     and e in self.plan.weights and e not in step.fed and step.kind != "reshape"
-                                     and step.target is None)  # (a reshape's target, folded per length, is not read)
+                                     and e in self.plan.weights and e not in step.fed and step.reads_constants)
             if step.kind == PADDED:
                 self.padded_node(record, step)
             elif step.kind == "sequences":
@@ -314,7 +313,7 @@ def _padded_chunks(parts: Sequence[Chunk], lengths: Sequence[int]) -> dict[str, 
 
 def _padded(arrays: Sequence[np.ndarray], pattern: tuple, longest: int) -> np.ndarray:
     """Each instance's constant in a batch padded to ``longest`` (zeros past its length)."""
-    result = np.zeros([len(arrays)] + [longest if d is None else d for d in pattern], arrays[0].dtype)
+    result = np.zeros((len(arrays), *pattern_at(pattern, longest)), arrays[0].dtype)
     for b, array in enumerate(arrays):
         result[(b, *(slice(0, n) for n in array.shape))] = array
     return result

@@ -68,6 +68,12 @@ class Step:
     key_mask: int | None = None
     target: tuple[int, ...] | None = None
 
+    @property
+    def reads_constants(self) -> bool:
+        """Whether the node's shared constants are read as they are: a reshape's target, folded
+        per length, is not (its shape comes from the patterns)."""
+        return self.kind != "reshape" and self.target is None
+
 
 @dataclass
 class InstanceAxisPlan:
@@ -110,7 +116,7 @@ class InstanceAxisPlan:
             if record.op_type != mine.op_type:
                 return refuse(f"node {mine.outputs[0]!r} is {record.op_type}, not {mine.op_type}")
             shared = [name for name in _constants(record, instance.weights) if name not in step.fed]
-            if step.kind != "reshape" and step.target is None and any(not alike(instance.weights[name], self.weights[name]) for name in shared):
+            if step.reads_constants and any(not alike(instance.weights[name], self.weights[name]) for name in shared):
                 return refuse(f"{where} reads a constant of this length's own")
             if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
@@ -357,8 +363,12 @@ def aligned(array: np.ndarray, pattern: Pattern) -> np.ndarray:
     return array.reshape((1,) * (len(pattern) - array.ndim) + array.shape) if array.ndim < len(pattern) else array
 
 
+def pattern_at(pattern: Pattern, length: int) -> tuple[int, ...]:
+    """The shape of a value of this pattern in an instance of ``length``."""
+    return tuple(length if d is None else d for d in pattern)
+
+
 def fits_pattern(shape: Sequence[int] | None, pattern: Pattern, length: int) -> bool:
-    return shape is not None and len(shape) == len(pattern) and all(
-        s == (length if d is None else d) for s, d in zip(shape, pattern))
+    return shape is not None and tuple(shape) == pattern_at(pattern, length)
 
 
