@@ -278,6 +278,48 @@ def test_engine_errors_and_graceful_close():
     asyncio.run(main())
 
 
+class GatedRunner(SessionRunner):
+    """The model, whose first batch waits for the test to open a gate; it records when each
+    batch started."""
+
+    def __init__(self) -> None:
+        super().__init__(InferenceSession(MODEL))
+        self.gate = threading.Event()
+        self.started: list[float] = []
+
+    def run_batch(self, feeds_list):
+        self._wait()
+        return super().run_batch(feeds_list)
+
+    def run(self, feeds):
+        self._wait()
+        return super().run(feeds)
+
+    def _wait(self) -> None:
+        self.started.append(time.monotonic())
+        self.gate.wait(10)
+
+
+def test_requests_that_waited_their_batch_wait_timeout_go_at_once():
+    """As Triton's max_queue delay: the wait counts from the oldest request's arrival, so a
+    request that queued while the last batch ran does not wait the timeout again."""
+    async def main() -> None:
+        runner = GatedRunner()
+        engine = Engine(runner, name="gated", batch_wait_timeout_s=1.0, max_batch_size=2)
+        first = [asyncio.ensure_future(engine.infer(instance(2, k))) for k in range(2)]  # a full batch: at once
+        while not runner.started:
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(engine.infer(instance(3, 2)))  # alone in the queue, waits on the gate
+        await asyncio.sleep(1.2)
+        opened = time.monotonic()
+        runner.gate.set()
+        await asyncio.gather(*first, second)
+        assert len(runner.started) == 2 and runner.started[1] - opened < 0.5  # not the timeout again
+        await engine.close()
+
+    asyncio.run(main())
+
+
 async def scaled_program(feeds):
     """A program that needs a value mid-way: it fails when its input sums past a bound."""
     x = current_batch().constant(feeds["x"])
