@@ -83,3 +83,12 @@ def test_an_output_onnxruntime_leaves_unwritten_is_not_compared() -> None:
     outcome = outcomes["onnxruntime"]
     assert outcome.programs == 1 and outcome.undefined == 1, report(outcomes)
     assert not outcome.mismatches and not outcome.errors, report(outcomes)
+
+
+def test_a_reduction_of_nothing_is_left_to_the_backend_that_runs_it() -> None:
+    """Seed 313440 averages the rows of a value computed from an empty instance's shape
+    (``[0, 2]``): typing folded it to the standard's NaN (NumPy), while onnxruntime run alone
+    gives 0. A node reading an empty constant is no longer folded (``batcher.constants``)."""
+    outcomes = fuzz(range(313440, 313441), ["numpy", "onnxruntime"])
+    for outcome in outcomes.values():
+        assert outcome.programs == 1 and not outcome.mismatches and not outcome.errors, report(outcomes)
