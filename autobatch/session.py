@@ -32,6 +32,8 @@ from autobatch.ir import Graph, Recent, from_onnx
 from autobatch.ir.recent import Budgeted
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.limits import DeadlineExceeded, WorkLimit, work_limit
+from autobatch.ir.onnx_io import load_model
+from autobatch.ir.select_first import select_first
 from autobatch.ir.types import type_of_value
 from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
 from autobatch.typed_instances import ModelInstances, plan_instances
@@ -99,7 +101,8 @@ class InferenceSession:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
         if threads is None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
-        self.graph = model if isinstance(model, Graph) else from_onnx(model)
+        # (PyTorch's select of q, k and v moved before its Transpose: the same results, rows kept)
+        self.graph = model if isinstance(model, Graph) else from_onnx(select_first(load_model(model)))
         self.instances = ModelInstances(self.graph, max_unrolled_nodes)
         self.backend = backend
         get_scheduler(scheduler)  # an unknown name fails here, not at the first batch

@@ -44,9 +44,9 @@ def chunk_feeds(k: int) -> tuple[str, str, str]:
 
 
 def padded_feeds(k: int) -> tuple[str, str, str, str]:
-    """The feeds of chunk ``k`` of the padded layout: the row each (instance, position) reads,
-    batch-major, from the rows and a zero row past them; which are real ``[size, Lmax]``; its
-    size and its longest."""
+    """The feeds of chunk ``k`` of the padded layout: the row each (instance, position) reads
+    from the rows and a zero row past them, and which are real, both ``[size, Lmax]``; its size
+    and its longest."""
     return (f"padded/chunk{k}/source", f"padded/chunk{k}/valid", f"padded/chunk{k}/size",
             f"padded/chunk{k}/longest")
 
@@ -111,7 +111,7 @@ class _Lowering:
             infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
             for k in range(self.chunk_count):
                 source, valid, size, longest = padded_feeds(k)
-                infos += [helper.make_tensor_value_info(source, TensorProto.INT64, [None]),
+                infos += [helper.make_tensor_value_info(source, TensorProto.INT64, [None, None]),
                           helper.make_tensor_value_info(valid, TensorProto.BOOL, [None, None]),
                           helper.make_tensor_value_info(size, TensorProto.INT64, [1]),
                           helper.make_tensor_value_info(longest, TensorProto.INT64, [1])]
@@ -156,26 +156,29 @@ class _Lowering:
             zero = self.constant(f"{key}/zero", np.zeros((1, *row), dtype))
             self.converted[key] = self.node("Concat", [flat, zero], f"{key}1", axis=0)
             self.zeros[key] = {k for k, d in enumerate(pattern) if d is None}
-            for c in range(self.chunk_count):
-                source, _, size, longest = padded_feeds(c)
-                shape = self.node("Concat", [size, self.constant(f"{key}/before", np.array(pattern[:axis], np.int64)), longest,
-                                             self.constant(f"{key}/row", np.array(row, np.int64))], f"{key}/shape{c}", axis=0)
-                self.node("Reshape", [self.node("Gather", [self.converted[key], source], f"{key}2/chunk{c}"), shape],
-                          f"{key}/chunk{c}")
+            for c in range(self.chunk_count):  # (the indices' shape is the chunk's: [size, 1.., Lmax])
+                self.node("Gather", [self.converted[key], self.source(c, axis)], f"{key}/chunk{c}")
         return f"{key}/chunk{k}"
+
+    def source(self, k: int, ones: int) -> str:
+        """Chunk ``k``'s rows of each (instance, position), ``[size, Lmax]``, with ``ones`` axes of 1
+        between: ``[size, 1.., Lmax]``."""
+        source = padded_feeds(k)[0]
+        if not ones:
+            return source
+        return self.unsqueezed(source, list(range(1, ones + 1)), f"{source}/{ones}")
 
     def valid(self, k: int, rank: int, axis: int) -> str:
         """Chunk ``k``'s mask of real positions, of rank ``rank`` along ``axis``: ``[size, 1.., Lmax, 1..]``."""
         mask = padded_feeds(k)[1]
-        key = f"{mask}/{rank}/{axis}"
+        axes = [a for a in range(1, rank) if a != axis]
+        return self.unsqueezed(mask, axes, f"{mask}/{rank}/{axis}") if axes else mask
+
+    def unsqueezed(self, name: str, axes: list[int], key: str) -> str:
+        """``name`` with axes of 1 at ``axes``, made once (``key``)."""
         if key not in self.converted:
-            axes = [a for a in range(1, rank) if a != axis]
-            if not axes:
-                self.converted[key] = mask
-            elif self.plan.opset < 13:  # axes an attribute before opset 13
-                self.converted[key] = self.node("Unsqueeze", [mask], key, axes=axes)
-            else:
-                self.converted[key] = self.node("Unsqueeze", [mask, self.constant(f"{key}/axes", np.array(axes, np.int64))], key)
+            self.converted[key] = self.node("Unsqueeze", [name], key, axes=axes) if self.plan.opset < 13 else \
+                self.node("Unsqueeze", [name, self.constant(f"{key}/axes", np.array(axes, np.int64))], key)  # (axes an input from 13)
         return self.converted[key]
 
     def padded_node(self, record: Any, step: Any) -> None:
@@ -304,7 +307,7 @@ def _padded_chunks(parts: Sequence[Chunk], lengths: Sequence[int]) -> dict[str, 
         real = positions < part.lengths[:, None]
         feeds[valid], feeds[size], feeds[longest] = real, np.array([count]), np.array([most])
         rows = starts[part.members][:, None] + positions
-        feeds[source] = np.where(real, rows, sum(lengths)).ravel()
+        feeds[source] = np.where(real, rows, sum(lengths))
         back[rows[real]] = offset + np.flatnonzero(real)
         offset += count * most
     feeds[BACK] = back

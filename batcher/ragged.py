@@ -12,7 +12,8 @@ that other instances' rows say (``one_row_signatures``).
 Row-wise here: elementwise ops whose per-instance operands all have one shape, kept by the
 result, and whose shared operands do not reach the rows' axis (a lower rank, or a size of 1
 there); MatMul of a per-instance ``[..., n, k]`` by a shared ``[k, m]``; Gemm of such an ``[n, k]``
-(not transposed); Gather of a shared table by per-instance indices (embedding lookups);
+(not transposed); Gather of a shared table by per-instance indices (embedding lookups), and of a
+per-instance operand along a later axis than the rows' by shared indices;
 Softmax, LogSoftmax, LayerNormalization, Concat, Split and reductions (ReduceMean, ...) over
 later axes. Ops that only reshape each row (Reshape, Squeeze, Unsqueeze, Flatten, Identity,
 and a Transpose that moves only axes of 1: the elements keep their order) run as views of the
@@ -120,8 +121,11 @@ def _layer_normalization(rows: Rows) -> bool:
     return rows.inputs == [0] and rows.later("axis", -1)
 
 
-@row_wise("a shared table on axis 0 by per-instance indices", "Gather")
+@row_wise("a shared table on axis 0 by per-instance indices, or a per-instance operand along a later axis "
+          "than the rows' by shared indices", "Gather")
 def _gather(rows: Rows) -> bool:
+    if rows.inputs == [0]:  # (PyTorch's select of q, k or v, ``ir.select_first``)
+        return rows.later("axis", 0)
     return rows.inputs == [1] and record_attribute(rows.record, "axis", 0) == 0  # embeddings
 
 

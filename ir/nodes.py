@@ -4,7 +4,7 @@ read off a node without its graph: attribute values, its subgraphs' free names, 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -131,9 +131,19 @@ def schema_version(op_type: str, opset: int, domain: str) -> int | None:
 
 def captured_names(node: Node) -> set[str]:
     """Values a node's subgraph attributes read from the enclosing scope."""
+    return captured_by(node.attributes.values())
+
+
+def captured_by(attributes: Iterable[AttributeProto]) -> set[str]:
+    """Values these attributes' subgraphs read from the enclosing scope (of an IR node's or an
+    ONNX ``NodeProto``'s attributes)."""
     free: set[str] = set()
-    for graph in node.subgraphs():
-        free |= _free_names(graph)
+    for attr in attributes:
+        if attr.type == AttributeProto.GRAPH:
+            free |= _free_names(attr.g)
+        elif attr.type == AttributeProto.GRAPHS:
+            for graph in attr.graphs:
+                free |= _free_names(graph)
     return free
 
 
@@ -143,12 +153,7 @@ def _free_names(graph: GraphProto) -> set[str]:
     used: set[str] = set()
     for node in graph.node:
         used.update(n for n in node.input if n)
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                used |= _free_names(attr.g)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    used |= _free_names(sub)
+        used |= captured_by(node.attribute)
         defined.update(n for n in node.output if n)
     used.update(v.name for v in graph.output)
     return used - defined

@@ -10,6 +10,7 @@ import pytest
 
 from autobatch import InferenceSession
 from autobatch.batcher.padding import CHUNK
+from autobatch.ir import from_onnx
 from tests.oracle import assert_batched_equals_alone
 
 ATTENTION = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
@@ -73,13 +74,25 @@ def test_heads_split_by_gather_and_squeeze_take_a_launch_a_chunk(backend):
     a Squeeze, and a Concat of one operand (an exporter's past keys and values, none) run padded
     too, a launch a chunk of instances (they took a launch a length)."""
     lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10]
-    session = InferenceSession(HEADS, backend=backend, node_level=False)
+    session = InferenceSession(from_onnx(HEADS), backend=backend, node_level=False)  # (a graph: run as given)
     rng = np.random.default_rng(1)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 6)).astype(np.float32)} for n in lengths],
                                 atol=1e-5)
     launches = session.stats.report.launches_by_op
     chunks = -(-len(lengths) // CHUNK)
     assert (launches["Gather"], launches["Squeeze"], launches["Concat"]) == (2 * chunks, chunks, chunks), launches
+
+
+def test_heads_selected_before_their_transpose_take_a_launch_for_every_row(backend):
+    """The same model given as ONNX: its Gathers of one index are moved before the Squeeze and
+    Transpose (``ir.select_first``), and pick each head from every instance's rows in one launch."""
+    lengths = [3, 9, 1, 4, 4, 7, 2, 8, 5, 6, 12, 10]
+    session = InferenceSession(HEADS, backend=backend, node_level=False)
+    rng = np.random.default_rng(1)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 6)).astype(np.float32)} for n in lengths],
+                                atol=1e-5)
+    launches = session.stats.report.launches_by_op
+    assert (launches["Gather"], launches["Squeeze"]) == (2, 1), launches
 
 
 def test_concat_along_a_padded_axis_is_not_padded(backend):
