@@ -89,8 +89,8 @@ class LengthCheck:
         feeds = {name: np.broadcast_to(np.zeros((), dtype), pattern_at(self.plan.patterns[name], length))
                  for name, dtype in self.reads.items()}
         values = {name: np.asarray(value) for name, value in zip(self.interpreter.graph.outputs, self.interpreter.run(feeds))}
-        if any(value.size > FOLD_LIMIT for value in values.values()):  # typing would leave it computed
-            return None
+        if any(value.size > FOLD_LIMIT or value.size == 0 for value in values.values()):  # typing may leave it computed
+            return None  # (too big, or empty: a node reading an empty value is not folded)
         return {name: value for name, value in values.items() if name in self.given}
 
     def _shapes_fit(self, length: int, values: dict[str, Any]) -> bool:
