@@ -10,8 +10,9 @@ mean over N -> a 512-2048-512 MLP -> scores. ``--model lstm`` (or ``bert``, any 
 (``ids: int64[1, N]``, N lognormal, median 17, 5..60; width ``--size``). The server runs in its
 own process; the clients are threads here, each on a keep-alive connection, sending Triton's
 binary tensors. Every response is checked against ``InferenceSession.run`` of that instance
-alone: none may be lost or differ. ``--warm-every-length`` sends one request of each length before
-timing (a server's steady state: a batched server types the model once for each length new to it).
+alone: none may be lost or differ. ``--warm-every-length`` sends one request of each length and six
+a client before timing (a server's steady state: a batched server types the model once for each
+length new to it, and measures both ways of running a batch in its first batches).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from autobatch import InferenceSession
 from autobatch.ir.onnx_io import choose_ir_version
 
 D, E, H, SCORES = 128, 512, 2048, 16
+WARM_ROUNDS = 6  # requests a client before timing a steady state: some ten batches
 
 
 def build_model(seed: int = 0) -> onnx.ModelProto:
@@ -186,8 +188,9 @@ def run_server(model_path: str, flags: list[str], args: argparse.Namespace, xs, 
                 raise RuntimeError(f"the server did not start: {process.stderr.read() if process.stderr else ''}")
             time.sleep(0.1)
         warm = list(range(args.clients))
-        if args.warm_every_length:  # and one request of each length the run sends: a server's steady state
-            warm += list({x.shape: k for k, x in enumerate(xs)}.values())
+        if args.warm_every_length:  # a server's steady state: each length the run sends seen, and both
+            # ways of running a batch measured (``autobatch.ways``: its first batches try each)
+            warm = list(range(min(len(xs), WARM_ROUNDS * args.clients))) + list({x.shape: k for k, x in enumerate(xs)}.values())
         drive(port, [xs[k] for k in warm], [expected[k] for k in warm], args.clients, args.time_limit, served)
         result = drive(port, xs, expected, args.clients, args.time_limit, served)
         text = get(port, "/metrics")[1]
@@ -216,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="pooled", help="pooled, or one of benchmarks.exports' models (lstm, bert, ...)")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="an exported model's width")
     parser.add_argument("--warm-every-length", action="store_true",
-                        help="before timing, send one request of each length the run sends (a server's steady "
-                             "state: a batched server types the model once for each length new to it)")
+                        help="before timing, send one request of each length the run sends and six a client (a "
+                             "server's steady state: a batched server types the model once for each length new to "
+                             "it, and measures both ways of running a batch in its first batches)")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(1)
