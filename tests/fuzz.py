@@ -216,6 +216,20 @@ def reshape(p: Program) -> None:
     p.add(p.node("Reshape", [swapped, p.constant(_ints(-1, a.cols))]), a.rows, a.cols, a)
 
 
+def select(p: Program) -> None:  # PyTorch's packed q, k, v: one picked after a Transpose (ir.select_first)
+    a = p.pick([v for v in p.floats() if v.cols % 2 == 0 or v.cols % 3 == 0] or p.floats())
+    k = 3 if a.cols % 3 == 0 else 2
+    if a.cols % k:
+        return
+    c = a.cols // k
+    split = p.node("Reshape", [a.name, p.constant(_ints(-1, k, c))])  # [n, k, c]
+    unsqueezed = p.node("Unsqueeze", [split, p.constant(_ints(p.rng.choice((0, -4))))])  # [1, n, k, c]
+    turned = p.node("Transpose", [unsqueezed], perm=[2, 1, 0, 3])  # [k, n, 1, c]
+    squeezed = p.node("Squeeze", [turned, p.constant(_ints(p.rng.choice((2, -2))))])  # [k, n, c]
+    index = p.constant(np.array(p.rng.randrange(-k, k), np.int64))
+    p.add(p.node("Gather", [squeezed, index], axis=p.rng.choice((0, -3))), a.rows, c, a)
+
+
 def lookup(p: Program) -> None:
     ids = p.pick([v for v in p.values if not v.cols])
     p.add(p.node("Gather", [p.weight(VOCAB, WIDTH), ids.name], axis=0), ids.rows, WIDTH)
@@ -291,6 +305,9 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
     "reshape": (0.7, reshape), "lookup": (1, lookup), "positions": (0.7, positions), "expand": (0.7, expand),
     "lstm": (0.6, lstm), "no_rule": (1.5, no_rule), "where": (0.7, where), "cast": (0.5, cast),
 }
+# Steps added after seeds were recorded in tests: drawn only where asked for by kind, so that a
+# recorded seed still makes its program.
+LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select)}
 
 
 # The steps a model planned once per node takes (``batcher.instance_axis``): the programs of
@@ -305,10 +322,11 @@ def random_program(seed: int, steps: int | None = None,
     ``kinds``; all by default), and the ops it holds."""
     p = Program(random.Random(seed))
     p.values = [Value("x", N, WIDTH), Value("ids", N, 0)]
+    table = {**STEPS, **LATER_STEPS}
     names = list(kinds or STEPS)
-    weights = [STEPS[name][0] for name in names]
+    weights = [table[name][0] for name in names]
     for _ in range(steps or p.rng.randint(3, 14)):
-        STEPS[p.rng.choices(names, weights)[0]][1](p)
+        table[p.rng.choices(names, weights)[0]][1](p)
     computed = [v for v in p.floats() if v.name != "x"]
     if not computed:
         p.add(p.node("Identity", ["x"]), N, WIDTH)
@@ -484,12 +502,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="stop after this long, whatever is left")
     parser.add_argument("--node-level", action="store_true",
                         help="programs of the steps a model planned once per node takes (most of their batches go so)")
+    parser.add_argument("--kinds", nargs="+", choices=[*STEPS, *LATER_STEPS],
+                        help="programs of these steps only (the later ones, such as select, are drawn only so)")
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs must be positive")
     start = time.perf_counter()
+    kinds = tuple(args.kinds) if args.kinds else NODE_LEVEL if args.node_level else None
     outcomes = fuzz(range(args.seed, args.seed + args.programs), args.backends, args.minutes, progress=True,
-                    kinds=NODE_LEVEL if args.node_level else None)
+                    kinds=kinds)
     print(report(outcomes))
     print(f"{time.perf_counter() - start:.0f} s")
     return 1 if any(o.mismatches or o.errors for o in outcomes.values()) else 0

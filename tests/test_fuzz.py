@@ -3,9 +3,12 @@ programs a backend in the slow one (``pytest -m slow tests/test_fuzz.py``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from onnx.reference import ReferenceEvaluator
 
-from tests.fuzz import NODE_LEVEL, fuzz, report
+from autobatch import InferenceSession
+from tests.fuzz import NODE_LEVEL, fuzz, instances, random_program, report
 
 BACKENDS = ["numpy", "onnxruntime"]
 
@@ -34,6 +37,24 @@ def test_random_programs_of_the_steps_a_node_level_plan_takes():
     for outcome in outcomes.values():
         assert not outcome.mismatches and not outcome.errors, report(outcomes)
         assert outcome.node_level > 0.5 * 3 * outcome.programs, report(outcomes)
+
+
+def test_random_programs_with_heads_picked_after_a_transpose():
+    """PyTorch's packed q, k, v (a Gather of one index after Unsqueeze, Transpose and Squeeze,
+    moved first by ``ir.select_first`` as a session imports the model) among the steps a
+    node-level plan takes: batched equal to alone, and alone equal to ONNX's reference running
+    the model as written."""
+    kinds = (*NODE_LEVEL, "select")
+    outcomes = fuzz(range(5_000_000, 5_000_100), BACKENDS, kinds=kinds)
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.5 * 3 * outcome.programs, report(outcomes)
+    for seed in range(5_000_000, 5_000_030):
+        model, _ = random_program(seed, kinds=("select", "matmul", "unary", "attention"))
+        session = InferenceSession(model)
+        for feeds in instances(np.random.default_rng(seed), [1, 3, 6]):
+            for ours, standard in zip(session.run(None, feeds), ReferenceEvaluator(model).run(None, feeds)):
+                np.testing.assert_allclose(ours, standard, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
