@@ -31,7 +31,10 @@ def select_first(model: onnx.ModelProto) -> onnx.ModelProto:
     index = _Index(model.graph)
     if not any(index.move_under(node) for node in model.graph.node):
         return model
-    model = onnx.shape_inference.infer_shapes(model)  # (a copy) the ranks of the values the moves read
+    try:
+        model = onnx.shape_inference.infer_shapes(model)  # (a copy) the ranks of the values the moves read
+    except (onnx.shape_inference.InferenceError, RuntimeError):
+        model = onnx.ModelProto.FromString(model.SerializeToString())  # the ranks the moves say, or none
     graph, index = model.graph, _Index(model.graph)
     bypassed: set[str] = set()  # the outputs of the moves a Gather passed
     nodes = []
@@ -118,15 +121,18 @@ class _Index:
         return first, redone
 
     def rank(self, name: str) -> int | None:
-        """The rank of value ``name``: declared, or worked out through the moves that make it."""
-        move = self.producers.get(name)
-        if move is not None and move.op_type == "Transpose" and _attribute(move, "perm", None):
-            return len(_attribute(move, "perm", None))
-        if move is not None and move.op_type in ("Squeeze", "Unsqueeze"):
-            axes, inner = self.axes(move), self.rank(move.input[0])
-            if axes is not None and inner is not None:
-                return inner - len(axes) if move.op_type == "Squeeze" else inner + len(axes)
-        return self.ranks.get(name)
+        """The rank of value ``name``: worked out through the moves that make it, else declared
+        (a loop, not recursion: a hostile model may chain any number of moves)."""
+        added = 0  # what the Squeezes and Unsqueezes walked through add to the rank found
+        while (move := self.producers.get(name)) is not None:
+            if move.op_type == "Transpose" and _attribute(move, "perm", None):
+                return len(_attribute(move, "perm", None)) + added
+            axes = self.axes(move) if move.op_type in ("Squeeze", "Unsqueeze") else None
+            if axes is None:
+                break
+            added += -len(axes) if move.op_type == "Squeeze" else len(axes)
+            name = move.input[0]
+        return None if name not in self.ranks else self.ranks[name] + added
 
     def axes(self, move: onnx.NodeProto) -> list[int] | None:
         """A Squeeze's or Unsqueeze's axes, from its input (opset 13 on) or its attribute."""

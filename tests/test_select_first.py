@@ -104,3 +104,26 @@ def test_the_dynamo_encoders_q_k_v_keep_their_rows(tmp_path):
                if record.op_type == "Gather" and record.inputs[0] not in plan.weights]
     layers = sum(node.op_type == "MatMul" for node in onnx.load(str(path)).graph.node) // 4
     assert selects == ["ragged"] * 3 * layers
+
+
+def test_a_chain_of_moves_longer_than_pythons_recursion_limit():
+    """A Gather after thousands of Unsqueeze/Squeeze pairs (a hostile file may chain any number):
+    worked out without recursion, moved first, and the same array."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    pairs = 600  # 1,200 moves: past the 1,000 frames a recursive walk would need
+    nodes, value = [], "x"
+    for k in range(pairs):
+        nodes += [helper.make_node("Unsqueeze", [value, "zero"], [f"u{k}"]),
+                  helper.make_node("Squeeze", [f"u{k}", "zero"], [f"s{k}"])]
+        value = f"s{k}"
+    nodes.append(helper.make_node("Gather", [value, "one"], ["y"], axis=1))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                               numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    moved = _same(model, {"x": x})
+    assert [n.op_type for n in moved.graph.node][0] == "Gather"  # picked from x itself, before every move
+    np.testing.assert_array_equal(InferenceSession(model).run(None, {"x": x})[0], x[:, 1])
