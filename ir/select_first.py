@@ -38,9 +38,12 @@ def select_first(model: onnx.ModelProto) -> onnx.ModelProto:
     graph, index = model.graph, _Index(model.graph)
     bypassed: set[str] = set()  # the outputs of the moves a Gather passed
     nodes = []
+    budget = 4 * len(graph.node) + 1024  # moves redone at most: Gathers after one long chain would redo it each
     for node in list(graph.node):
         after = []
-        while (move := index.move_under(node)) is not None and (passed := index.passed(node, move)) is not None:
+        while budget > 0 and (move := index.move_under(node)) is not None and \
+                (passed := index.passed(node, move)) is not None:
+            budget -= 1
             node, redone = passed
             bypassed.add(move.output[0])
             after.append(redone)

@@ -127,3 +127,23 @@ def test_a_chain_of_moves_longer_than_pythons_recursion_limit():
     moved = _same(model, {"x": x})
     assert [n.op_type for n in moved.graph.node][0] == "Gather"  # picked from x itself, before every move
     np.testing.assert_array_equal(InferenceSession(model).run(None, {"x": x})[0], x[:, 1])
+
+
+def test_many_selects_after_one_long_chain_redo_it_a_bounded_number_of_times():
+    """200 Gathers after one chain of 400 moves would redo the chain 200 times (80,000 nodes):
+    the moves redone are bounded by the model's size, and every output is still the same."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, value = [], "x"
+    for k in range(200):
+        nodes += [helper.make_node("Unsqueeze", [value, "zero"], [f"u{k}"]),
+                  helper.make_node("Squeeze", [f"u{k}", "zero"], [f"s{k}"])]
+        value = f"s{k}"
+    nodes += [helper.make_node("Gather", [value, "one"], [f"y{k}"], axis=1) for k in range(200)]
+    graph = helper.make_graph(nodes, "fan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [2]) for k in range(200)],
+                              [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                               numpy_helper.from_array(np.array(1, np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    moved = _same(model, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    assert len(moved.graph.node) < 10 * len(model.graph.node)
