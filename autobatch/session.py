@@ -101,8 +101,7 @@ class InferenceSession:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
         if threads is None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
-        # (PyTorch's select of q, k and v moved before its Transpose: the same results, rows kept)
-        self.graph = model if isinstance(model, Graph) else from_onnx(select_first(load_model(model)))
+        self.graph = model if isinstance(model, Graph) else from_onnx(_selects_first(load_model(model)))
         self.instances = ModelInstances(self.graph, max_unrolled_nodes)
         self.backend = backend
         get_scheduler(scheduler)  # an unknown name fails here, not at the first batch
@@ -403,3 +402,13 @@ def _usable_cores() -> int:
     """The cores this process may run on (its affinity where the system says; a container's
     may be fewer than the machine's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _selects_first(model: ModelProto) -> ModelProto:
+    """PyTorch's select of q, k and v moved before its Transpose (``ir.select_first``: the same
+    results, the rows kept); where that fails (a bug of ours), the model as written, said at WARNING."""
+    try:
+        return select_first(model)
+    except Exception as error:  # noqa: BLE001 - the model as written still runs
+        log.warning("the model's selects are left where it has them (%s: %s)", type(error).__name__, error)
+        return model

@@ -147,3 +147,21 @@ def test_many_selects_after_one_long_chain_redo_it_a_bounded_number_of_times():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     moved = _same(model, {"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
     assert len(moved.graph.node) < 10 * len(model.graph.node)
+
+
+def test_a_failing_rewrite_leaves_the_model_as_written(monkeypatch, caplog):
+    """A bug in the rewrite (injected here) must not stop a model from loading: the session runs
+    the model as written, and says so at WARNING."""
+    import autobatch.session
+
+    def broken(model):
+        raise IndexError("injected")
+
+    monkeypatch.setattr(autobatch.session, "select_first", broken)
+    model = onnx.parser.parse_model(PACKED)
+    x = np.random.default_rng(1).standard_normal((4, 1, 12)).astype(np.float32)
+    with caplog.at_level("WARNING", logger="autobatch"):
+        session = InferenceSession(model)
+    assert "selects are left where it has them (IndexError: injected)" in caplog.text
+    for got, want in zip(session.run(None, {"x": x}), ReferenceEvaluator(model).run(None, {"x": x})):
+        np.testing.assert_array_equal(got, want)
