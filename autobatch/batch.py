@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from onnx.helper import np_dtype_to_tensor_dtype
 
 from autobatch.backends.baked_weights import WeightSnapshots
-from autobatch.backends.graph_tidy import drop_unread
+from autobatch.ir.graph_tidy import drop_unread
 from autobatch.backends.lowering import lower_plan
 from autobatch.backends.ort_runtime import UnsupportedByOnnxruntime
 from autobatch.backends.whole_plan import WholePlan, whole_plan_refusal

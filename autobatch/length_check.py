@@ -28,6 +28,7 @@ from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_patt
 from autobatch.batcher.instances import alike
 from autobatch.ir import Graph, to_onnx
 from autobatch.ir.graph import SHAPE_DATA_LIMIT
+from autobatch.ir.graph_tidy import without
 
 log = logging.getLogger("autobatch")
 
@@ -56,12 +57,8 @@ class LengthCheck:
         shapes.outputs += sorted(folded - self.given)  # (each checked against FOLD_LIMIT, as typing does)
         self.interpreter = Interpreter(shapes)
         skeleton = to_onnx(typed, check=False, data_limit=SHAPE_DATA_LIMIT)
-        kept = [i for i in skeleton.graph.input if i.name not in self.given]
-        del skeleton.graph.input[:]
-        skeleton.graph.input.extend(kept)
-        kept = [t for t in skeleton.graph.initializer if t.name not in self.given]
-        del skeleton.graph.initializer[:]
-        skeleton.graph.initializer.extend(kept)
+        without(skeleton.graph.input, lambda value: value.name in self.given)
+        without(skeleton.graph.initializer, lambda tensor: tensor.name in self.given)
         del skeleton.graph.value_info[:]
         for info in skeleton.graph.output:  # (typed at the probe's length)
             info.type.tensor_type.ClearField("shape")

@@ -20,7 +20,7 @@ import onnx
 import onnx.inliner
 from onnx import helper, numpy_helper
 
-from autobatch.backends.graph_tidy import constant_nodes_to_initializers, drop_unread
+from autobatch.ir.graph_tidy import constant_nodes_to_initializers, drop_unread
 from autobatch.backends.lowered_steps import Entry, StepKinds, pick
 from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
 from autobatch.ir import Graph, ValueType

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from autobatch.ir.nodes import captured_by
+from autobatch.ir.graph_tidy import drop_unread, keep_only
 
 MOVES = frozenset({"Transpose", "Squeeze", "Unsqueeze"})
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -48,12 +48,8 @@ def select_first(model: onnx.ModelProto) -> onnx.ModelProto:
             bypassed.add(move.output[0])
             after.append(redone)
         nodes += [node, *reversed(after)]
-    del graph.node[:]
-    graph.node.extend(_without_unread(nodes, bypassed, {value.name for value in graph.output}))
-    read = {name for node in graph.node for name in [*node.input, *captured_by(node.attribute)]}
-    kept = [tensor for tensor in graph.initializer if tensor.name in read or tensor.name in index.inputs]
-    del graph.initializer[:]  # (the axes of the moves dropped: onnxruntime warns of each unread)
-    graph.initializer.extend(kept)
+    keep_only(graph.node, nodes)
+    drop_unread(graph, bypassed)  # (the moves no Gather reads any more, and their axes)
     return model
 
 
@@ -156,18 +152,6 @@ class _Index:
             name = f"{stem}{k}"
         self.names.add(name)
         return name
-
-
-def _without_unread(nodes: list[onnx.NodeProto], bypassed: set[str], outputs: set[str]) -> list[onnx.NodeProto]:
-    """``nodes`` less the moves bypassed that nothing reads any more (nor any before them)."""
-    read, kept = set(outputs), []
-    for node in reversed(nodes):
-        if node.output and node.output[0] in bypassed and read.isdisjoint(node.output):
-            continue
-        kept.append(node)
-        read.update(node.input)
-        read |= captured_by(node.attribute)
-    return kept[::-1]
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
