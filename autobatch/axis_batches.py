@@ -17,7 +17,7 @@ from autobatch.backends.ort_runtime import OrtSettings
 from autobatch.batcher.instance_axis import InstanceAxisPlan, probe
 from autobatch.batcher.plan import BatchReport
 from autobatch.batcher.rule_tables import Refusal
-from autobatch.batcher.sequences import CHUNK, chunks
+from autobatch.batcher.sequences import CHUNK, chunk_members
 from autobatch.feed_keys import input_signature
 from autobatch.ir import Graph, Recent
 from autobatch.length_check import LengthCheck
@@ -90,7 +90,7 @@ class AxisBatches:
         fits = self.fits(batch, [input_signature(feeds) for feeds in batch])
         if fits is None:
             return None
-        return lower(self.runner.plan, len(chunks([length for length, _ in fits], CHUNK)))  # type: ignore[union-attr]
+        return lower(self.runner.plan, len(chunk_members(np.array([length for length, _ in fits]), CHUNK)))  # type: ignore[union-attr]
 
     def refuse(self, reason: str, level: int = logging.INFO) -> None:
         self.refusal, self.runner, self.lengths = reason, None, None

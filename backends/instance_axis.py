@@ -26,7 +26,7 @@ from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
 from autobatch.batcher.instance_axis import PADDED, InstanceAxisPlan, aligned, pattern_at
 from autobatch.batcher.ragged import record_attribute
-from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, Chunk, chunks
+from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, chunk_members, chunks
 from autobatch.ir import Recent, from_onnx
 from autobatch.ir.onnx_io import choose_ir_version
 
@@ -270,44 +270,45 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
               constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], int]:
     """The lowered graph's feeds for this mix (instances of these ``lengths``, whose own
     ``constants`` give those fed per mix), and its chunks."""
-    lengths = [int(n) for n in lengths]
+    lengths = np.asarray(lengths, np.int64)
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
-    parts: list[Chunk] = chunks(lengths, CHUNK)
+    members = chunk_members(lengths, CHUNK)  # (a padded layout needs no more of the chunks than who is in each)
     for name, (padded, pattern) in plan.fed.items():
         arrays = [aligned(c[name], pattern) for c in constants]
         if padded:
-            for k, part in enumerate(parts):
-                feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in part.members], pattern, int(part.lengths[0]))
+            for k, chunk in enumerate(members):
+                feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
         else:
             feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
     if plan.padded:
-        feeds.update(_padded_chunks(parts, lengths))
+        feeds.update(_padded_chunks(members, lengths))
     if not plan.recurrent:
-        return feeds, len(parts)
-    targets = np.empty(sum(lengths), np.int64)
+        return feeds, len(members)
+    targets = np.empty(int(lengths.sum()), np.int64)
     offset = 0
-    for k, part in enumerate(parts):
+    for k, part in enumerate(chunks(lengths, CHUNK)):
         source, shape, sizes = chunk_feeds(k)
         size = len(part.members)
         feeds[source], feeds[shape], feeds[sizes] = part.source, np.array([len(part.source) // size, size, -1]), part.lengths
         targets[part.targets] = offset + part.time * size + part.column
         offset += len(part.source)
     feeds[TARGETS] = targets
-    return feeds, len(parts)
+    return feeds, len(members)
 
 
-def _padded_chunks(parts: Sequence[Chunk], lengths: Sequence[int]) -> dict[str, np.ndarray]:
+def _padded_chunks(members: Sequence[np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:
     """The padded layout's feeds: each chunk's (``padded_feeds``), and where each row is."""
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    feeds, back, offset = {}, np.empty(sum(lengths), np.int64), 0
-    for k, part in enumerate(parts):
+    total = int(lengths.sum())
+    feeds, back, offset = {}, np.empty(total, np.int64), 0
+    for k, chunk in enumerate(members):
         source, valid, size, longest = padded_feeds(k)
-        count, most = len(part.members), int(part.lengths[0])
+        count, most = len(chunk), int(lengths[chunk[0]])
         positions = np.arange(most)[None, :]
-        real = positions < part.lengths[:, None]
+        real = positions < lengths[chunk][:, None]
         feeds[valid], feeds[size], feeds[longest] = real, np.array([count]), np.array([most])
-        rows = starts[part.members][:, None] + positions
-        feeds[source] = np.where(real, rows, sum(lengths))
+        rows = starts[chunk][:, None] + positions
+        feeds[source] = np.where(real, rows, total)
         back[rows[real]] = offset + np.flatnonzero(real)
         offset += count * most
     feeds[BACK] = back

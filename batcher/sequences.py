@@ -91,17 +91,22 @@ class Chunk:
     targets: np.ndarray
 
 
+def chunk_members(lengths: np.ndarray, size: int = CHUNK) -> list[np.ndarray]:
+    """The members of each chunk of ``size`` (``chunks``' order: longest first; an empty
+    sequence in none, as it needs no call: its states stay zero)."""
+    order = np.argsort(-lengths, kind="stable")
+    order = order[lengths[order] > 0]
+    return [order[first:first + size] for first in range(0, len(order), size)]
+
+
 def chunks(lengths: Sequence[int], size: int = CHUNK) -> list[Chunk]:
     """The chunks of ``size`` members of these lengths (in the step's order, their rows one
     after the other), longest first."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     rows = int(lengths.sum())
-    order = np.argsort(-lengths, kind="stable")
-    order = order[lengths[order] > 0]  # an empty sequence needs no call: its states stay zero
     result = []
-    for first in range(0, len(order), size):
-        members = order[first:first + size]
+    for members in chunk_members(lengths, size):
         steps = np.arange(lengths[members[0]])[:, None]
         inside = steps < lengths[members][None, :]
         source = np.where(inside, starts[members][None, :] + steps, rows)
