@@ -29,8 +29,10 @@ from autobatch.capability_text import model_ways
 from autobatch.ir import Graph, from_onnx, to_onnx
 from autobatch.ir.draw import PlanView
 from autobatch.ir.gc_pause import without_gc
+from autobatch.ir.types import ValueType
 from autobatch.fallbacks import batched_else_alone, each_alone
 from autobatch.session import InferenceSession
+from autobatch.symbolic_sizes import batched_for_every_size
 from autobatch.typed_instances import plan_instances, typed_instance
 
 Print = Callable[[str], None]
@@ -150,16 +152,29 @@ class RewriteResult:
     max_difference: float | None = None
 
 
-@without_gc  # bulk planning, as run_batch's
 def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
     """Batch the isomorphic nodes inside one graph (parallel branches: K copies of a cell,
-    the unrolled per-example loop of an exporter) by the flat plan, lowered to one ONNX graph
-    (``backends.lowering``). Inputs and outputs keep their names, order and types. A graph
-    whose inputs' shapes are not all fixed (the plan needs them), or that batching would
-    leave with as many compute ops (``compute_ops``), comes back unchanged."""
+    the unrolled per-example loop of an exporter), or the graph unchanged where
+    ``batched_graph`` says why not."""
+    batched = batched_graph(graph, scheduler)
+    return graph if isinstance(batched, str) else batched
+
+
+def batched_graph(graph: Graph, scheduler: str = "level") -> Graph | str:
+    """The graph's isomorphic nodes batched by the flat plan, lowered to one ONNX graph
+    (``backends.lowering``), or why not. Inputs and outputs keep their names, order and types.
+    Inputs with symbolic dimensions (branches of one length ``L``) are batched for a few trial
+    sizes and made one graph that reads them from its inputs (``symbolic_sizes``)."""
     types = {name: graph.values[name].type for name in graph.inputs}
-    if not all(vtype is not None and vtype.is_tensor and vtype.is_static for vtype in types.values()):
-        return graph
+    if all(vtype is not None and vtype.is_tensor and vtype.is_static for vtype in types.values()):
+        model = _lowered(graph, types, scheduler)
+    else:
+        model = batched_for_every_size(graph, lambda trial: _lowered(graph, trial, scheduler))
+    return model if isinstance(model, str) else from_onnx(model)
+
+
+@without_gc  # bulk planning, as run_batch's
+def _lowered(graph: Graph, types: Mapping[str, ValueType], scheduler: str) -> onnx.ModelProto | str:
     typed = typed_instance(graph, types)
     literals = {f"i0/{name}": np.broadcast_to(np.zeros((), vtype.dtype), vtype.shape)  # only their types are read
                 for name, vtype in types.items()}
@@ -167,11 +182,13 @@ def batch_one_graph(graph: Graph, scheduler: str = "level") -> Graph:
                                            graph.opset_imports, scheduler, apart=False, cache=TemplateCache())
     exported = to_onnx(graph, check=False)
     outputs = [(info, plan.locations[name]) for info, name in zip(exported.graph.output, wanted)]
-    model = lower_plan(plan, exported.graph.input, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,
+    inputs = [onnx.helper.make_value_info(name, types[name].proto) for name in graph.inputs]  # a trial's sizes
+    model = lower_plan(plan, inputs, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,
                        graph.opset_imports, graph.name)
-    result = from_onnx(model)
     # Against the graph with what its input shapes decide folded: folding is not batching.
-    return result if compute_ops(result) < compute_ops(typed) else graph
+    if compute_ops(from_onnx(model)) >= compute_ops(typed):
+        return f"batched, it would keep as many compute ops ({compute_ops(typed)})"
+    return model
 
 
 # Ops that only move or reshape data (what the lowering adds to read and write rows): a graph
@@ -186,9 +203,10 @@ def compute_ops(graph: Graph) -> int:
 
 def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print) -> RewriteResult:
     graph = from_onnx(source)
-    batched = batch_one_graph(graph, scheduler)
-    if batched is graph:
-        out("nothing worth batching (inputs of unfixed shape, or no fewer compute ops batched); written unchanged")
+    batched = batched_graph(graph, scheduler)
+    if isinstance(batched, str):
+        out(f"not batched: {batched}; written unchanged")
+        batched = graph
     model = to_onnx(batched)
     onnx.save(model, target)
     result = RewriteResult(op_counts(graph), op_counts(batched))

@@ -6,7 +6,8 @@ encoder layer (one self-attention head and a feed-forward layer).
     python -m benchmarks.rewrite_branches [--branches 8] [--size 64] [--repeats 50]
 
 The rewrite packs each LSTM layer's branches into one launch and runs every projection of the
-encoder as one ragged MatMul over all branches' rows. Both graphs run in one onnxruntime session
+encoder as one ragged MatMul over all branches' rows. Then the same with every branch of one
+symbolic length ``L`` (the rewritten graph reads L from its inputs), run at the median length. Both graphs run in one onnxruntime session
 each, on ``THREADS`` threads; the fastest of ``--repeats`` runs is kept.
 """
 
@@ -63,10 +64,18 @@ def encoder_branches(lengths: list[int], d: int) -> onnx.ModelProto:
     return branches_model(body, inputs, outputs, {name: (d, d) for name in "QKVF"})
 
 
-def compare(name: str, model: onnx.ModelProto, repeats: int) -> None:
+def one_symbolic_length(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The branches' inputs and outputs with their length as the symbol ``L`` (every branch one
+    length, known only at run time)."""
+    for info in [*model.graph.input, *model.graph.output]:
+        info.type.tensor_type.shape.dim[0].dim_param = "L"
+    return model
+
+
+def compare(name: str, model: onnx.ModelProto, repeats: int, length: int | None = None) -> None:
     graph = from_onnx(model)
     rewritten = batch_one_graph(graph)
-    feeds = random_feeds(graph, np.random.default_rng(0))
+    feeds = random_feeds(graph, np.random.default_rng(0), {"L": length} if length else None)
     options = session_options(threads=THREADS)
     times, results = [], []
     for version in (to_onnx(graph), to_onnx(rewritten)):
@@ -93,6 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'model':<14}{'ops in':>9}{'ops out':>9}{'input ms':>12}{'rewrite ms':>12}{'speedup':>9}{'max diff':>12}")
     compare("LSTM tagger", lstm_tagger_branches(lengths, args.size, args.size), args.repeats)
     compare("encoder", encoder_branches(lengths, args.size), args.repeats)
+    median = sorted(lengths)[len(lengths) // 2]
+    print(f"the same, every branch of one symbolic length L, run at L = {median}")
+    compare("LSTM tagger, L", one_symbolic_length(lstm_tagger_branches([median] * len(lengths), args.size, args.size)),
+            args.repeats, median)
+    compare("encoder, L", one_symbolic_length(encoder_branches([median] * len(lengths), args.size)), args.repeats, median)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,10 @@ def test_rewrite_branches_benchmark_checks_and_compares(capsys) -> None:
 
     rewrite_branches.main(["--branches", "3", "--size", "8", "--repeats", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("LSTM tagger", "encoder"))]
-    assert len(rows) == 2
+    assert len(rows) == 4
+    for row in rows[2:]:  # one symbolic length: batched all the same
+        ops_in, ops_out = row.split()[-6:-4]
+        assert int(ops_out) < int(ops_in), row
 
 
 def test_exported_models_benchmark_checks_and_compares(capsys, tmp_path) -> None:

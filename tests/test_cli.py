@@ -22,12 +22,12 @@ def autobatch_cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", "autobatch", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def lstm_copies_model(copies: int = K) -> onnx.ModelProto:
-    """K copies of one LSTM cell on different inputs, sharing the weights."""
+def lstm_copies_model(copies: int = K, rows: str = "1") -> onnx.ModelProto:
+    """K copies of one LSTM cell on different inputs of ``rows`` rows, sharing the weights."""
     inputs, outputs, body = [], [], []
     for k in range(copies):
-        inputs += [f"float[1, {D}] x{k}", f"float[1, {H}] h{k}", f"float[1, {H}] c{k}"]
-        outputs += [f"float[1, {H}] hn{k}", f"float[1, {H}] cn{k}"]
+        inputs += [f"float[{rows}, {D}] x{k}", f"float[{rows}, {H}] h{k}", f"float[{rows}, {H}] c{k}"]
+        outputs += [f"float[{rows}, {H}] hn{k}", f"float[{rows}, {H}] cn{k}"]
         body += [
             f"xw{k} = MatMul(x{k}, W)", f"hu{k} = MatMul(h{k}, U)", f"s{k} = Add(xw{k}, hu{k})", f"g{k} = Add(s{k}, B)",
             f"i{k}, f{k}, o{k}, u{k} = Split <axis = 1, num_outputs = 4> (g{k})",
@@ -63,6 +63,29 @@ def test_rewrite_batches_parallel_lstm_cells(tmp_path: Path):
     counts = op_counts(from_onnx(after))
     # K copies -> one batched op each; the three gates of all copies -> one Sigmoid
     assert counts["MatMul"] == 2 and counts["Sigmoid"] == 1
+
+
+def test_rewrite_batches_cells_over_a_symbolic_number_of_rows(tmp_path: Path):
+    """Rows ``N`` unknown until run time: the rewritten graph reads N from its inputs."""
+    source, target = tmp_path / "cells.onnx", tmp_path / "batched.onnx"
+    onnx.save(lstm_copies_model(rows="N"), source)
+    result = autobatch_cli("rewrite", str(source), "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    before, after = onnx.load(source), onnx.load(target)
+    assert op_counts(from_onnx(after))["MatMul"] == 2
+    assert [(v.name, v.type) for v in before.graph.input] == [(v.name, v.type) for v in after.graph.input]
+    for rows in (1, 3, 20):
+        feeds = random_feeds(from_onnx(before), np.random.default_rng(rows), {"N": rows})
+        for want, got in zip(ort_run(before, feeds), ort_run(after, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_rewrite_says_why_it_writes_a_model_unchanged(tmp_path: Path):
+    source, target = tmp_path / "cells.onnx", tmp_path / "same.onnx"
+    onnx.save(lstm_copies_model(rows="?"), source)  # each input's rows a symbol of its own
+    result = autobatch_cli("rewrite", str(source), "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    assert "not batched: its inputs have 18 symbolic dimensions (at most 8 are tried); written unchanged" in result.stdout
 
 
 def test_rewrite_keeps_results_of_a_graph_with_nothing_to_batch(tmp_path: Path):

@@ -14,7 +14,7 @@ import pytest
 from autobatch import InferenceSession
 from autobatch.backends import lowering
 from autobatch.ir import from_onnx, to_onnx
-from autobatch.tools import batch_one_graph, compute_ops, random_feeds
+from autobatch.tools import batch_one_graph, batched_graph, compute_ops, random_feeds
 from benchmarks.rewrite_branches import encoder_branches, lstm_tagger_branches
 from tests.cycles import no_cycles_left
 from tests.fuzz import instances, random_program
@@ -70,6 +70,70 @@ def test_rewrite_of_branches_of_different_lengths_batches_them(build, at_most):
     assert list(got) == list(want)  # the outputs, in order, by name
     for name in want:
         assert_same(got[name], want[name], what=name)
+
+
+def with_symbolic_lengths(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """The model with each input's and output's first dimension symbolic: input k's named
+    ``names[k % len(names)]``, the outputs' left unnamed."""
+    for k, info in enumerate([*model.graph.input, *model.graph.output]):
+        dim = info.type.tensor_type.shape.dim[0]
+        dim.ClearField("dim_value")
+        if k < len(model.graph.input):
+            dim.dim_param = names[k % len(names)]
+    return model
+
+
+def assert_equal_at_lengths(model: onnx.ModelProto, batched: onnx.ModelProto, lengths) -> None:
+    graph = from_onnx(model)
+    for length in lengths:
+        feeds = random_feeds(graph, np.random.default_rng(length), {"L": length})
+        want, got = run_model(model, feeds), run_model(batched, feeds)
+        assert list(got) == list(want)
+        for name in want:
+            assert_same(got[name], want[name], what=f"{name} at length {length}")
+
+
+@pytest.mark.parametrize("build, at_most", [
+    (lambda lengths: lstm_tagger_branches(lengths, 6, 5), {"LSTM": 2, "MatMul": 1}),
+    (lambda lengths: encoder_branches(lengths, 6), {"MatMul": 6, "Softmax": 1, "Relu": 1}),
+])
+def test_rewrite_of_branches_of_one_symbolic_length_holds_for_every_length(build, at_most):
+    """Batched for trial lengths; the constants that hold the length read it from an input."""
+    model = with_symbolic_lengths(build([4] * 8), ["L"])
+    rewritten = batched_graph(from_onnx(model))
+    assert not isinstance(rewritten, str), rewritten
+    counts = Counter(node.op_type for node in rewritten.nodes.values())
+    for op, most in at_most.items():
+        assert counts[op] <= most, counts
+    batched = to_onnx(rewritten)
+    assert [(v.name, v.type) for v in batched.graph.input] == [(v.name, v.type) for v in model.graph.input]
+    assert_equal_at_lengths(model, batched, (1, 2, 9, 64))  # none of them a trial's
+
+
+def test_rewrite_of_branches_of_two_symbolic_lengths_says_why_it_does_not_batch():
+    graph = from_onnx(with_symbolic_lengths(encoder_branches([4] * 8, 6), ["L", "M"]))
+    reason = batched_graph(graph)
+    assert isinstance(reason, str) and "follows its symbolic dimensions but is none of them" in reason
+    assert batch_one_graph(graph) is graph
+
+
+THRICE_THE_LENGTH = """<ir_version: 9, opset_import: ["" : 18]>
+g (float[L, 3] x0, float[L, 3] x1) => (float[M] y0, float[N] y1) {
+  three = Constant <value = int64[1] {3}> ()
+""" + "".join(f"""  n{k} = Shape <end = 1> (x{k})
+  m{k} = Mul(n{k}, three)
+  r{k} = Relu(x{k})
+  f{k} = Reshape(r{k}, m{k})
+  y{k} = Tanh(f{k})
+""" for k in range(2)) + "}"
+
+
+def test_a_constant_of_thrice_the_length_is_not_taken_for_the_length():
+    """Shape folding makes ``[3L]`` a constant of each trial's graph: an entry that moves with L
+    but is not L. Read as L, the flattened rows would be cut short at every other length."""
+    graph = from_onnx(onnx.parser.parse_model(THRICE_THE_LENGTH))
+    reason = batched_graph(graph)
+    assert isinstance(reason, str) and "(9, 87, 291 in the trials)" in reason
 
 
 def test_a_mix_seen_again_runs_as_one_onnxruntime_session():
