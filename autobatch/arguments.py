@@ -39,6 +39,14 @@ def integer(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def dimension(text: str) -> tuple[str, int]:
+    """``NAME=SIZE``: a symbolic dimension's name and a size of at least 1."""
+    name, _, size = text.partition("=")
+    if not name or not size.isdigit() or int(size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SIZE with a size of at least 1 (e.g. L=32)")
+    return name, int(size)
+
+
 def seconds(text: str) -> float:
     """A positive number of seconds."""
     try:

@@ -15,6 +15,7 @@ from autobatch.ir.draw import MAX_DRAWN_NODES
 
 
 BACKEND_HELP = "numpy: the NumPy interpreter; onnxruntime: onnxruntime's CPU provider, CUDA where it loads"
+CHECK_SIZE = 16  # rewrite --check: a symbolic dimension's size where --dim gives none
 SCHEDULER_HELP = ("which batches run in which order: level (ours, nearest the lower bound), agenda (DyNet's), "
                   "depth (by topological generation)")
 
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="level", help=SCHEDULER_HELP)
     rewrite.add_argument("--check", action="store_true",
                          help="run both models on onnxruntime: compare their outputs and time them")
+    rewrite.add_argument("--dim", metavar="NAME=SIZE", type=arguments.dimension, action="append", default=[],
+                         help=f"with --check: the size a symbolic dimension of the inputs takes (repeatable; default "
+                              f"{CHECK_SIZE})")
 
     run = command("run", "batched inference over a file of instances (each a line or a group of arrays)",
                   ["autobatch run model.onnx --inputs instances.jsonl -o results.jsonl",
@@ -190,7 +194,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         print_capabilities(args.op_types, print)
     elif args.command == "rewrite":
-        tools.rewrite_model(args.model, args.output, args.scheduler, args.check, print)
+        tools.rewrite_model(args.model, args.output, args.scheduler, args.check, print, dict(args.dim), CHECK_SIZE)
     elif args.command == "run":
         _, failed = tools.run_file(args.model, args.inputs, args.output, args.backend, args.batch_size, print,
                                    progress=not args.no_progress)

@@ -201,8 +201,17 @@ def compute_ops(graph: Graph) -> int:
     return sum(node.op_type not in DATA_MOVEMENT_OPS for node in graph.nodes.values())
 
 
-def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print) -> RewriteResult:
+def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print,
+                  sizes: Mapping[str, int] | None = None, default_size: int = 16) -> RewriteResult:
+    """``autobatch rewrite``; ``--check`` runs both graphs with each symbolic dimension of the
+    inputs at its size in ``sizes``, else ``default_size``."""
     graph = from_onnx(source)
+    symbols = {d for name in graph.inputs for d in (graph.values[name].type.shape or ()) if isinstance(d, str)}
+    unknown = sorted(set(sizes or {}) - symbols)
+    if unknown:
+        raise ValueError(f"--dim names {', '.join(map(repr, unknown))}, which no input's shape has "
+                         f"(its symbolic dimensions: {', '.join(sorted(symbols)) or 'none'})")
+    check_sizes = {symbol: (sizes or {}).get(symbol, default_size) for symbol in sorted(symbols)}
     batched = batched_graph(graph, scheduler)
     if isinstance(batched, str):
         out(f"not batched: {batched}; written unchanged")
@@ -215,7 +224,7 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
         out(f"{op:<24}{result.before[op]:>8}{result.after[op]:>8}")
     out(f"{'total':<24}{sum(result.before.values()):>8}{sum(result.after.values()):>8}")
     if check:
-        feeds = random_feeds(graph, np.random.default_rng(0))
+        feeds = random_feeds(graph, np.random.default_rng(0), check_sizes)
         # The original as we export it (an IR version onnxruntime loads), not as it was saved.
         expected, result.latency_before_ms = _ort_run_timed(to_onnx(graph), feeds)
         got, result.latency_after_ms = _ort_run_timed(model, feeds)
@@ -231,7 +240,8 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
             if e.shape != g.shape or e.dtype != g.dtype or not np.allclose(g, e, rtol=1e-4, atol=1e-5):
                 raise ValueError(f"check failed: output {name!r} differs after the rewrite "
                                  f"(largest difference {result.max_difference:.3g})")
-        out(f"check: outputs equal (largest difference {result.max_difference:.3g}); onnxruntime latency "
+        at = f" at {', '.join(f'{symbol}={size}' for symbol, size in check_sizes.items())}" if check_sizes else ""
+        out(f"check{at}: outputs equal (largest difference {result.max_difference:.3g}); onnxruntime latency "
             f"{result.latency_before_ms:.3f} ms before, {result.latency_after_ms:.3f} ms after")
     out(f"wrote {target}")
     return result

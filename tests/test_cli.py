@@ -80,6 +80,16 @@ def test_rewrite_batches_cells_over_a_symbolic_number_of_rows(tmp_path: Path):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_rewrite_check_runs_symbolic_dimensions_at_the_sizes_given(tmp_path: Path):
+    source, target = tmp_path / "cells.onnx", tmp_path / "batched.onnx"
+    onnx.save(lstm_copies_model(rows="N"), source)
+    result = autobatch_cli("rewrite", str(source), "-o", str(target), "--check", "--dim", "N=20")
+    assert result.returncode == 0, result.stderr
+    assert "check at N=20: outputs equal" in result.stdout
+    wrong = autobatch_cli("rewrite", str(source), "-o", str(target), "--check", "--dim", "L=20")
+    assert wrong.returncode == 1 and "--dim names 'L', which no input's shape has (its symbolic dimensions: N)" in wrong.stderr
+
+
 def test_rewrite_says_why_it_writes_a_model_unchanged(tmp_path: Path):
     source, target = tmp_path / "cells.onnx", tmp_path / "same.onnx"
     onnx.save(lstm_copies_model(rows="?"), source)  # each input's rows a symbol of its own
@@ -283,7 +293,7 @@ def test_rewrite_check_of_a_model_saved_at_ir_14(tmp_path: Path):
                                     "{ a = Relu(x)  b = Relu(x)  y = Add(a, b) }")
     onnx.save(model, tmp_path / "ir14.onnx")
     result = autobatch_cli("rewrite", str(tmp_path / "ir14.onnx"), "-o", str(tmp_path / "out.onnx"), "--check")
-    assert result.returncode == 0 and "check: outputs equal" in result.stdout, result.stderr
+    assert result.returncode == 0 and "check at N=16: outputs equal" in result.stdout, result.stderr
 
 
 @pytest.mark.parametrize("command", ["inspect", "rewrite", "run"])
