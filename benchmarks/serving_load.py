@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=["numpy", "onnxruntime"], default="numpy")
     parser.add_argument("--model", default="pooled", help="pooled, or one of benchmarks.exports' models (lstm, bert, ...)")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="an exported model's width")
+    parser.add_argument("--worker", choices=["process", "thread"],
+                        help="where the batching servers run the model (default: the server's own, a thread); "
+                             "batching off runs it in a thread")
     parser.add_argument("--warm-every-length", action="store_true",
                         help="before timing, send one request of each length the run sends and six a client (a "
                              "server's steady state: a batched server types the model once for each length new to "
@@ -246,13 +249,15 @@ def main(argv: list[str] | None = None) -> int:
         expected = [session.run(None, {served.input: x})[0] for x in xs]
         print(f"{args.requests} requests to {args.model}, lengths {lengths.min()}..{lengths.max()} "
               f"({len(set(lengths.tolist()))} distinct), {args.clients} concurrent clients, backend {args.backend}, "
-              f"max batch {args.max_batch_size}, wait {args.batch_wait_timeout_s * 1e3:g} ms")
+              f"max batch {args.max_batch_size}, wait {args.batch_wait_timeout_s * 1e3:g} ms, "
+              f"batching servers' worker: {args.worker or 'thread (the default)'}")
         print(f"{'server':<16}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'alone':>7}"
               f"{'ok':>6}{'lost':>6}{'wrong':>7}")
         lost_or_wrong = 0
         # "batching on" is the default: each batch batched, or its requests run each alone
         # where the server measured that faster (``autobatch.ways``; "alone": the share of them).
-        for label, flags in (("batching on", []), ("always batched", ["--always-batched"]),
+        worker = ["--worker", args.worker] if args.worker else []
+        for label, flags in (("batching on", worker), ("always batched", ["--always-batched", *worker]),
                              ("batching off", ["--no-batching"])):
             result, mean_batch, alone = run_server(path, flags, args, xs, expected, served)
             lost = args.requests - result.ok - result.mismatched

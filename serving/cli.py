@@ -17,7 +17,8 @@ def registry_from_args(args: argparse.Namespace) -> ModelRegistry:
                             max_queue_delay_microseconds=args.max_queue_delay_microseconds,
                             max_queue=args.max_queue, request_timeout_s=args.request_timeout_s,
                             batching=not args.no_batching, backend=args.backend,
-                            max_unrolled_nodes=args.max_unrolled_nodes, alone_when_faster=not args.always_batched))
+                            max_unrolled_nodes=args.max_unrolled_nodes, alone_when_faster=not args.always_batched,
+                            worker=args.worker))
     return registry
 
 

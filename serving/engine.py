@@ -31,10 +31,14 @@ from autobatch.serving.errors import (
 )
 from autobatch.serving.metrics import Duration, EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
+from autobatch.serving.worker_process import ProcessRunner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir.limits import DeadlineExceeded, deadline
 from autobatch.fallbacks import batched_else_alone, each_alone
 from autobatch.session import InferenceSession
+
+
+WORKERS = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,9 @@ class Engine:
     overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
     request alone, in arrival order (the baseline); ``alone_when_faster=False`` batches every
     batch of a model the engine loads, even where running its instances each alone was measured
-    faster (``autobatch.ways``). Invariant: the engine's state is touched
+    faster (``autobatch.ways``). ``worker="process"`` runs the model in a process of its own
+    (``serving.worker_process``; the model given as a path): its batches' Python then does not
+    wait for the GIL behind the request handling. Invariant: the engine's state is touched
     only on the event loop it was started on; ``infer_sync`` hops onto that loop.
     """
 
@@ -83,14 +89,14 @@ class Engine:
                  batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
                  max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
                  backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 alone_when_faster: bool = True) -> None:
+                 alone_when_faster: bool = True, worker: str = "thread") -> None:
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be positive")
         if max_queue_delay_microseconds is not None:
             batch_wait_timeout_s = max_queue_delay_microseconds / 1e6
         if batch_wait_timeout_s < 0:
             raise ValueError("the batch wait timeout must not be negative")
-        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster)
+        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker)
         if name is not None:
             self.name = name
         self.max_batch_size = max_batch_size
@@ -114,7 +120,8 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        return self._worker is not None and self._worker.is_alive() and not self._closing
+        return (self._worker is not None and self._worker.is_alive() and not self._closing
+                and getattr(self.runner, "alive", True))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -234,6 +241,8 @@ class Engine:
             if not loop.is_closed():
                 raise
         finally:
+            if hasattr(self.runner, "close"):  # a worker process: stopped with the worker
+                self.runner.close()
             if not loop.is_closed():
                 loop.call_soon_threadsafe(stopped.set_result, None)
 
@@ -284,6 +293,7 @@ class Engine:
             self.metrics.batches_failed += 1
             self.metrics.instances_rerun += outcome.ran
         self.metrics.instances_alone += outcome.alone
+        self.metrics.worker_restarts = getattr(self.runner, "restarts", 0)
         for request, result in zip(batch, outcome.results):
             if isinstance(result, DeadlineExceeded):
                 request.settle(RequestTimeout(f"model {self.name!r}: no result within its deadline; the work stopped"))
@@ -358,7 +368,16 @@ class ModelRegistry:
         return render((name, e.metrics, e.queue_depth) for name, e in self.engines.items())
 
 
-def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool) -> tuple[str, Runner]:
+def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool,
+               worker: str) -> tuple[str, Runner]:
+    if worker not in WORKERS:
+        raise ValueError(f"worker must be one of {', '.join(WORKERS)}, not {worker!r}")
+    if worker == "process":
+        if not isinstance(model, str):
+            raise ValueError("a worker process loads its model itself: give a path (.onnx or module:function), "
+                             f"not {type(model).__name__}")
+        runner = ProcessRunner(model, backend, max_unrolled_nodes, alone_when_faster)
+        return runner.name, runner
     if isinstance(model, str):
         return load_runner(model, backend, max_unrolled_nodes, alone_when_faster)
     if isinstance(model, InferenceSession):

@@ -60,6 +60,7 @@ class EngineMetrics:
     batches_failed: int = 0  # batched runs that raised, whose instances then ran alone
     instances_rerun: int = 0  # run alone after their batch failed
     instances_alone: int = 0  # run alone by the session's choice: measured faster than batched (``autobatch.ways``)
+    worker_restarts: int = 0  # worker processes started again after one died or was killed past a deadline
     batch_sizes: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     succeeded: Duration = field(default_factory=Duration)  # requests answered, and their latency
@@ -90,6 +91,7 @@ _HELP = {
     "autobatch_batches_failed_total": ("counter", "Batched runs that failed; their instances then ran alone."),
     "autobatch_instances_rerun_total": ("counter", "Instances re-run alone after their batch failed."),
     "autobatch_instances_alone_total": ("counter", "Instances of batches run each alone, measured faster than batched."),
+    "autobatch_worker_restarts_total": ("counter", "Worker processes started again after one died or ran past a deadline."),
     "autobatch_queue_depth": ("gauge", "Requests waiting in the queue."),
     "autobatch_batch_size": ("histogram", "Instances per executed batch."),
     "autobatch_request_latency_seconds": ("histogram", "Seconds from arrival to response, per request."),
@@ -108,6 +110,7 @@ def render(models: Iterable[tuple[str, EngineMetrics, int]]) -> str:
         rows["autobatch_batches_failed_total"].append(f"autobatch_batches_failed_total{{{labels}}} {m.batches_failed}")
         rows["autobatch_instances_rerun_total"].append(f"autobatch_instances_rerun_total{{{labels}}} {m.instances_rerun}")
         rows["autobatch_instances_alone_total"].append(f"autobatch_instances_alone_total{{{labels}}} {m.instances_alone}")
+        rows["autobatch_worker_restarts_total"].append(f"autobatch_worker_restarts_total{{{labels}}} {m.worker_restarts}")
         rows["autobatch_queue_depth"].append(f"autobatch_queue_depth{{{labels}}} {depth}")
         rows["autobatch_batch_size"].extend(m.batch_sizes.lines("autobatch_batch_size", labels))
         rows["autobatch_request_latency_seconds"].extend(m.latency.lines("autobatch_request_latency_seconds", labels))

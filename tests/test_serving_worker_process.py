@@ -1,0 +1,144 @@
+"""A model served from a worker process of its own (``Engine(worker="process")``): the answers
+are each instance's own; a run that crashes the process, or hangs past its deadline, costs that
+run only: the process is started again, the batch's other requests are answered, and the restart
+is logged and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("uvicorn")
+
+from autobatch import InferenceSession  # noqa: E402
+from autobatch.serving import Engine, InferenceFailed, RequestTimeout  # noqa: E402
+from autobatch.serving import worker_process  # noqa: E402
+from autobatch.serving.metrics import render  # noqa: E402
+from tests.test_serving import MODEL, instance  # noqa: E402
+
+PROGRAM = '''
+import os
+import time
+
+async def faulty_double(feeds):
+    rows = feeds["x"].shape[0]
+    if rows == 7:
+        os._exit(3)  # a crash of the process: a fault in a kernel, the OOM killer
+    if rows == 9:
+        time.sleep(600)  # stuck where no deadline is checked
+    return {"y": feeds["x"] * 2}
+'''
+
+
+def double(rows: int) -> dict[str, np.ndarray]:
+    return {"x": np.arange(rows, dtype=np.float32)}
+
+
+@pytest.fixture
+def program(tmp_path) -> str:
+    (tmp_path / "programs.py").write_text(PROGRAM)
+    return f"{tmp_path}/programs.py:faulty_double"
+
+
+def test_a_model_in_a_worker_process_answers_each_instance_as_run_alone(tmp_path):
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    alone = InferenceSession(MODEL)
+    instances = [instance(n, seed) for seed, n in enumerate([3, 1, 6, 2, 6, 4])]
+
+    async def main() -> list:
+        engine = Engine(str(tmp_path / "model.onnx"), worker="process", batch_wait_timeout_s=0.05)
+        assert engine.name == "model" and engine.runner.alive
+        try:
+            return await asyncio.gather(*(engine.infer(feeds) for feeds in instances))
+        finally:
+            await engine.close()
+            assert not engine.runner.alive  # stopped with the engine
+
+    results = asyncio.run(main())
+    for feeds, outputs in zip(instances, results):
+        for name, want in zip(alone.graph.outputs, alone.run(None, feeds)):
+            np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_crash_fails_its_own_request_and_the_batch_mates_are_answered(program, caplog):
+    async def main() -> tuple[list, Engine]:
+        engine = Engine(program, worker="process", batch_wait_timeout_s=0.2)
+        try:
+            first = engine.runner.pid
+            results = await asyncio.gather(*(engine.infer(double(n)) for n in (2, 7, 4)), return_exceptions=True)
+            assert engine.runner.pid != first
+            again = await engine.infer(double(5))  # the new process serves on
+            np.testing.assert_array_equal(again["y"], 2 * double(5)["x"])
+            return results, engine
+        finally:
+            await engine.close()
+
+    with caplog.at_level(logging.WARNING, logger="autobatch"):
+        results, engine = asyncio.run(main())
+    np.testing.assert_array_equal(results[0]["y"], 2 * double(2)["x"])
+    np.testing.assert_array_equal(results[2]["y"], 2 * double(4)["x"])
+    assert isinstance(results[1], InferenceFailed) and "exited with code 3" in str(results[1])
+    # the batch crashed it, then its guilty instance alone did: two restarts, one batch run again alone
+    assert engine.metrics.worker_restarts == 2 and engine.metrics.batches_failed == 1
+    assert 'autobatch_worker_restarts_total{model="faulty_double"} 2' in render([("faulty_double", engine.metrics, 0)])
+    warnings = [r.message for r in caplog.records if "starting another" in r.message]
+    assert len(warnings) == 2 and all("exited with code 3 during a run" in w for w in warnings)
+
+
+def test_a_run_stuck_past_its_deadline_is_killed_and_the_model_serves_on(program, monkeypatch):
+    monkeypatch.setattr(worker_process, "GRACE_S", 0.5)
+
+    async def main() -> None:
+        engine = Engine(program, worker="process", request_timeout_s=1.0)
+        try:
+            stuck = engine.runner.pid
+            with pytest.raises(RequestTimeout):
+                await engine.infer(double(9))
+            answer = await engine.infer(double(3))  # once the stuck run is killed, half a second later
+            np.testing.assert_array_equal(answer["y"], 2 * double(3)["x"])
+            assert engine.metrics.worker_restarts == 1 and engine.runner.pid != stuck
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_worker_process_killed_between_batches_is_started_again(tmp_path):
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    feeds = instance(3, 0)
+    want = InferenceSession(MODEL).run(None, feeds)
+
+    async def main() -> None:
+        engine = Engine(str(tmp_path / "model.onnx"), worker="process")
+        try:
+            os.kill(engine.runner.pid, signal.SIGKILL)
+            got = await engine.infer(feeds)
+            np.testing.assert_allclose(got[MODEL.graph.output[0].name], want[0], rtol=1e-6)
+            assert engine.metrics.worker_restarts == 1
+        finally:
+            await engine.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("model, error", [
+    (MODEL, "a worker process loads its model itself: give a path"),
+    ("missing.onnx", "missing.onnx: no such model file"),
+])
+def test_a_worker_process_needs_a_model_it_can_load(model, error):
+    with pytest.raises((ValueError, FileNotFoundError), match=error):
+        Engine(model, worker="process")
+
+
+def test_a_model_the_worker_process_cannot_load_is_said_at_once(tmp_path, monkeypatch):
+    """Checked here on a NumPy copy, the model loads; the child's backend is asked for one
+    onnxruntime cannot make (a CUDA-only provider is not needed: an unknown backend name)."""
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    with pytest.raises(ValueError, match="backend"):
+        Engine(str(tmp_path / "model.onnx"), worker="process", backend="no-such-backend")
