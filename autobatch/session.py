@@ -115,7 +115,7 @@ class InferenceSession:
         if backend == "onnxruntime":
             self.ort_settings = OrtSettings(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.ort_settings.providers, threads)
-            callers = threads or _usable_cores()
+            callers = threads or usable_cores()
             if self.ort_settings.providers[0] == CPU and callers > 1 and alone_when_faster:
                 self._parallel = ParallelRuns(self.graph, self.ort_settings.providers, callers)
                 # ... or in turn on the session's own threads (onnxruntime alone), where measured faster
@@ -398,7 +398,7 @@ def _records_planned(entry: _FlatPlan) -> int:
     return entry.plan.report.nodes
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     """The cores this process may run on (its affinity where the system says; a container's
     may be fewer than the machine's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

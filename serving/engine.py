@@ -1,6 +1,6 @@
 """The engine: requests of one model from many concurrent callers, gathered into batches.
 
-One worker thread per engine takes the waiting requests, waiting for more until the oldest has
+A worker thread (one a session of the model: ``instances``) takes the waiting requests, waiting for more until the oldest has
 waited ``batch_wait_timeout_s`` (dispatching at once when ``max_batch_size`` are there),
 checks each request's feeds (a bad one fails alone, with 400 semantics), runs the rest with
 ``run_batch`` and hands the results to the event loop, which keeps accepting requests meanwhile.
@@ -16,6 +16,7 @@ If the batched run raises, each instance is re-run alone so that only the guilty
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from autobatch.backends import FeedError
 from autobatch.serving.errors import (
@@ -35,7 +37,7 @@ from autobatch.serving.worker_process import ProcessRunner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir.limits import DeadlineExceeded, deadline
 from autobatch.fallbacks import batched_else_alone, each_alone
-from autobatch.session import InferenceSession
+from autobatch.session import InferenceSession, usable_cores
 
 
 WORKERS = ("thread", "process")
@@ -79,9 +81,11 @@ class Engine:
     overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
     request alone, in arrival order (the baseline); ``alone_when_faster=False`` batches every
     batch of a model the engine loads, even where running its instances each alone was measured
-    faster (``autobatch.ways``). ``worker="process"`` runs the model in a process of its own
-    (``serving.worker_process``; the model given as a path): its batches' Python then does not
-    wait for the GIL behind the request handling. Invariant: the engine's state is touched
+    faster (``autobatch.ways``). ``instances`` sessions of the model (each loaded from ``model``:
+    a path or an ONNX model), each with a worker thread of its own and its share of the cores,
+    take batches from one queue, as Triton's instance count: a batch gathers while another runs.
+    ``worker="process"`` runs each in a process of its own (``serving.worker_process``; the model
+    given as a path), started again when a run crashes it. Invariant: the engine's state is touched
     only on the event loop it was started on; ``infer_sync`` hops onto that loop.
     """
 
@@ -89,14 +93,21 @@ class Engine:
                  batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
                  max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
                  backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 alone_when_faster: bool = True, worker: str = "thread") -> None:
-        if max_batch_size < 1 or max_queue < 1:
-            raise ValueError("max_batch_size and max_queue must be positive")
+                 alone_when_faster: bool = True, worker: str = "thread", instances: int = 1) -> None:
+        if max_batch_size < 1 or max_queue < 1 or instances < 1:
+            raise ValueError("max_batch_size, max_queue and instances must be positive")
         if max_queue_delay_microseconds is not None:
             batch_wait_timeout_s = max_queue_delay_microseconds / 1e6
         if batch_wait_timeout_s < 0:
             raise ValueError("the batch wait timeout must not be negative")
-        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker)
+        if instances > 1 and not isinstance(model, (str, bytes, onnx.ModelProto)):
+            raise ValueError(f"{instances} instances need a model each loads: a path or an ONNX model, not "
+                             f"{type(model).__name__}")
+        # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
+        threads = max(1, usable_cores() // instances) if instances > 1 else None
+        self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)
+        self.runners = [self.runner] + [_as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker,
+                                                   threads)[1] for _ in range(instances - 1)]
         if name is not None:
             self.name = name
         self.max_batch_size = max_batch_size
@@ -108,8 +119,9 @@ class Engine:
         self._queue: deque[_Request] = deque()  # appended on the loop, taken by the worker thread
         self._arrived = threading.Condition()  # guards the queue; notified on each arrival and on close
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._worker: threading.Thread | None = None  # one: a session is not safe to run from two threads at once
-        self._stopped: asyncio.Future[None] | None = None  # set on the loop once the worker has finished
+        self._workers: list[threading.Thread] = []  # one a runner: a session is not safe to run from two threads at once
+        self._working = 0  # workers not finished yet (guarded by ``_arrived``)
+        self._stopped: asyncio.Future[None] | None = None  # set on the loop once every worker has finished
         self._closing = False
         self._thread: threading.Thread | None = None  # our own loop, for blocking callers only
         self._thread_lock = threading.Lock()
@@ -120,20 +132,23 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        return (self._worker is not None and self._worker.is_alive() and not self._closing
-                and getattr(self.runner, "alive", True))
+        return (bool(self._workers) and all(worker.is_alive() for worker in self._workers) and not self._closing
+                and all(getattr(runner, "alive", True) for runner in self.runners))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Bind to the running event loop and start the worker (done by the first ``infer``)."""
+        """Bind to the running event loop and start the workers (done by the first ``infer``)."""
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
         if self._loop is not None:
             raise RuntimeError(f"engine {self.name!r} already runs on another event loop")
         self._loop, self._stopped = loop, loop.create_future()
-        self._worker = threading.Thread(target=self._work, name=f"autobatch-{self.name}", daemon=True)
-        self._worker.start()
+        self._working = len(self.runners)
+        self._workers = [threading.Thread(target=self._work, args=(runner,), name=f"autobatch-{self.name}-{k}", daemon=True)
+                         for k, runner in enumerate(self.runners)]
+        for worker in self._workers:
+            worker.start()
 
     async def close(self) -> None:
         """Graceful: refuse new requests, finish every queued and running one, then stop."""
@@ -141,7 +156,7 @@ class Engine:
             return
         self._closing = True
         with self._arrived:
-            self._arrived.notify()
+            self._arrived.notify_all()
         assert self._stopped is not None
         await self._stopped
 
@@ -222,8 +237,8 @@ class Engine:
             return self._loop
 
     # ------------------------------------------------------------------ the worker
-    def _work(self) -> None:
-        """The worker thread: batch after batch until closed and drained. It reads a request's
+    def _work(self, runner: Runner) -> None:
+        """A worker thread, one a runner: batch after batch until closed and drained. It reads a request's
         future only to skip one nobody waits for (a stale answer there costs a wasted run, not a
         wrong one); futures are settled, and metrics counted, on the loop (``_settle``)."""
         assert self._loop is not None and self._stopped is not None
@@ -233,7 +248,7 @@ class Engine:
                 live = [request for request in batch if not request.future.done()]
                 if live:
                     try:
-                        outcome = self._execute(live)
+                        outcome = self._execute(runner, live)
                     except Exception as error:  # a bug of ours: fail this batch, keep serving
                         outcome = InferenceFailed(f"{type(error).__name__}: {error}")
                     loop.call_soon_threadsafe(self._settle, live, outcome)
@@ -241,9 +256,12 @@ class Engine:
             if not loop.is_closed():
                 raise
         finally:
-            if hasattr(self.runner, "close"):  # a worker process: stopped with the worker
-                self.runner.close()
-            if not loop.is_closed():
+            if hasattr(runner, "close"):  # a worker process: stopped with its worker
+                runner.close()
+            with self._arrived:
+                self._working -= 1
+                last = self._working == 0
+            if last and not loop.is_closed():
                 loop.call_soon_threadsafe(stopped.set_result, None)
 
     def _next_batch(self) -> list[_Request] | None:
@@ -265,7 +283,7 @@ class Engine:
                 if self._queue:
                     return [self._queue.popleft() for _ in range(min(size, len(self._queue)))]
 
-    def _execute(self, batch: list[_Request]) -> _Outcome:
+    def _execute(self, runner: Runner, batch: list[_Request]) -> _Outcome:
         """On the worker thread, the requests checked (which may unroll control flow), then the
         good ones batched when there are several, each alone when the batch fails (logged and
         counted) or is one. The work stops at the latest deadline of the batch's requests."""
@@ -273,7 +291,7 @@ class Engine:
         queued = sum(now - request.arrived for request in batch)
         seconds = max(request.deadline for request in batch) - now
         try:
-            results, ran, fell_back, alone = self._run([request.feeds for request in batch], seconds)
+            results, ran, fell_back, alone = self._run(runner, [request.feeds for request in batch], seconds)
         except DeadlineExceeded as error:
             return _Outcome([error] * len(batch), queued, 0, False, 0, 0.0)
         return _Outcome(results, queued, ran, fell_back, alone, time.monotonic() - now)
@@ -293,7 +311,7 @@ class Engine:
             self.metrics.batches_failed += 1
             self.metrics.instances_rerun += outcome.ran
         self.metrics.instances_alone += outcome.alone
-        self.metrics.worker_restarts = getattr(self.runner, "restarts", 0)
+        self.metrics.worker_restarts = sum(getattr(runner, "restarts", 0) for runner in self.runners)
         for request, result in zip(batch, outcome.results):
             if isinstance(result, DeadlineExceeded):
                 request.settle(RequestTimeout(f"model {self.name!r}: no result within its deadline; the work stopped"))
@@ -306,29 +324,24 @@ class Engine:
                 except BadRequest as error:
                     request.settle(error)
 
-    def _run(self, feeds_list: list[Feeds], seconds: float) -> tuple[list[Outputs | BaseException], int, bool, int]:
+    def _run(self, runner: Runner, feeds_list: list[Feeds],
+             seconds: float) -> tuple[list[Outputs | BaseException], int, bool, int]:
         """The results (a FeedError for feeds that do not fit), how many instances ran,
         whether their batch fell back to each alone, and how many the runner chose to run alone."""
         with deadline(seconds if seconds != float("inf") else None):
-            results = each_alone(self.runner.check, feeds_list)  # a FeedError (400) or another failure (500)
+            results = each_alone(runner.check, feeds_list)  # a FeedError (400) or another failure (500)
             good = [k for k, result in enumerate(results) if not isinstance(result, Exception)]
             checked = [results[k] for k in good]
             alone = 0
             if len(checked) > 1:
-                outputs, fell_back = batched_else_alone(self._run_batch, self.runner.run, checked,
+                outputs, fell_back = batched_else_alone(functools.partial(_run_batch, runner), runner.run, checked,
                                                         f"model {self.name!r}: a batch")
-                alone = 0 if fell_back else self.runner.ran_alone
+                alone = 0 if fell_back else runner.ran_alone
             else:
-                outputs, fell_back = each_alone(self.runner.run, checked), False
+                outputs, fell_back = each_alone(runner.run, checked), False
             for k, result in zip(good, outputs):
                 results[k] = result
             return results, len(checked), fell_back, alone
-
-    def _run_batch(self, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:
-        results = self.runner.run_batch(feeds_list)
-        if len(results) != len(feeds_list):
-            raise RuntimeError(f"the runner gave {len(results)} results for {len(feeds_list)} instances")
-        return results
 
     def _check_outputs(self, outputs: Sequence[str] | None) -> None:
         known = [spec.name for spec in self.runner.outputs]
@@ -368,25 +381,32 @@ class ModelRegistry:
         return render((name, e.metrics, e.queue_depth) for name, e in self.engines.items())
 
 
-def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool,
-               worker: str) -> tuple[str, Runner]:
+def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool, worker: str,
+               threads: int | None = None) -> tuple[str, Runner]:
     if worker not in WORKERS:
         raise ValueError(f"worker must be one of {', '.join(WORKERS)}, not {worker!r}")
     if worker == "process":
         if not isinstance(model, str):
             raise ValueError("a worker process loads its model itself: give a path (.onnx or module:function), "
                              f"not {type(model).__name__}")
-        runner = ProcessRunner(model, backend, max_unrolled_nodes, alone_when_faster)
+        runner = ProcessRunner(model, backend, max_unrolled_nodes, alone_when_faster, threads)
         return runner.name, runner
     if isinstance(model, str):
-        return load_runner(model, backend, max_unrolled_nodes, alone_when_faster)
+        return load_runner(model, backend, max_unrolled_nodes, alone_when_faster, threads)
     if isinstance(model, InferenceSession):
         return model.graph.name or "model", SessionRunner(model)
     if hasattr(model, "run_batch") and hasattr(model, "check"):
         return getattr(model, "name", None) or "model", model
     session = InferenceSession(model, backend=backend, max_unrolled_nodes=max_unrolled_nodes,
-                               alone_when_faster=alone_when_faster)
+                               alone_when_faster=alone_when_faster, threads=threads)
     return session.graph.name or "model", SessionRunner(session)
+
+
+def _run_batch(runner: Runner, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:
+    results = runner.run_batch(feeds_list)
+    if len(results) != len(feeds_list):
+        raise RuntimeError(f"the runner gave {len(results)} results for {len(feeds_list)} instances")
+    return results
 
 
 def _select(outputs: Outputs, names: list[str] | None) -> Outputs:

@@ -113,15 +113,16 @@ class ProgramRunner:
 
 
 def load_runner(spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                alone_when_faster: bool = True) -> tuple[str, Runner]:
-    """``model.onnx`` (served under its stem) or ``module:function`` / ``file.py:function``
-    (a program, served under the function's name)."""
+                alone_when_faster: bool = True, threads: int | None = None) -> tuple[str, Runner]:
+    """``model.onnx`` (served under its stem; ``threads``: its onnxruntime's intra-op threads,
+    None: onnxruntime's choice) or ``module:function`` / ``file.py:function`` (a program,
+    served under the function's name)."""
     path = Path(spec)
     if path.suffix == ".onnx" or (path.is_file() and ":" not in spec):
         if not path.is_file():
             raise FileNotFoundError(f"{spec}: no such model file")
         return path.stem, SessionRunner(InferenceSession(str(path), backend=backend, max_unrolled_nodes=max_unrolled_nodes,
-                                                         alone_when_faster=alone_when_faster))
+                                                         alone_when_faster=alone_when_faster, threads=threads))
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{spec}: expected a .onnx file or module:function (a program)")

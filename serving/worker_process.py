@@ -45,10 +45,10 @@ class ProcessRunner:
     the engine's worker thread."""
 
     def __init__(self, spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 alone_when_faster: bool = True) -> None:
+                 alone_when_faster: bool = True, threads: int | None = None) -> None:
         self.name, self._local = load_runner(spec, "numpy", max_unrolled_nodes, alone_when_faster)
         self.inputs, self.outputs = self._local.inputs, self._local.outputs
-        self._load = (spec, backend, max_unrolled_nodes, alone_when_faster)
+        self._load = (spec, backend, max_unrolled_nodes, alone_when_faster, threads)
         self.ran_alone = 0  # instances of the last batch the child's session ran each alone
         self.restarts = 0
         self._conn: Connection | None = None
@@ -165,11 +165,12 @@ class _Silent(Exception):
         self.how = how
 
 
-def _serve_calls(conn: Connection, spec: str, backend: str, max_unrolled_nodes: int, alone_when_faster: bool) -> None:
+def _serve_calls(conn: Connection, spec: str, backend: str, max_unrolled_nodes: int, alone_when_faster: bool,
+                 threads: int | None) -> None:
     """The child: load the model, say so, then answer calls until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
     try:
-        _, runner = load_runner(spec, backend, max_unrolled_nodes, alone_when_faster)
+        _, runner = load_runner(spec, backend, max_unrolled_nodes, alone_when_faster, threads)
     except Exception as error:  # noqa: BLE001 - the parent raises it
         conn.send(("error", _portable(error)))
         return

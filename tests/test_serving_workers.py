@@ -1,7 +1,8 @@
-"""A model served from a worker process of its own (``Engine(worker="process")``): the answers
-are each instance's own; a run that crashes the process, or hangs past its deadline, costs that
-run only: the process is started again, the batch's other requests are answered, and the restart
-is logged and counted."""
+"""Where an engine runs its model: in a worker process of its own (``worker="process"``), whose
+answers are each instance's own and where a run that crashes the process, or hangs past its
+deadline, costs that run only (the process is started again, the batch's other requests are
+answered, the restart logged and counted); and as several instances taking batches from one
+queue (``instances``), two batches running at once."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 pytest.importorskip("uvicorn")
 
 from autobatch import InferenceSession  # noqa: E402
+from autobatch.session import usable_cores  # noqa: E402
 from autobatch.serving import Engine, InferenceFailed, RequestTimeout  # noqa: E402
 from autobatch.serving import worker_process  # noqa: E402
 from autobatch.serving.metrics import render  # noqa: E402
@@ -142,3 +144,56 @@ def test_a_model_the_worker_process_cannot_load_is_said_at_once(tmp_path, monkey
     onnx.save(MODEL, tmp_path / "model.onnx")
     with pytest.raises(ValueError, match="backend"):
         Engine(str(tmp_path / "model.onnx"), worker="process", backend="no-such-backend")
+
+
+MEETING = '''
+import threading
+
+BARRIER = threading.Barrier(2, timeout=10)
+
+async def meet(feeds):
+    BARRIER.wait()  # passes only while two runs are in flight at once
+    return {"y": feeds["x"] * 2}
+'''
+
+
+def test_two_instances_run_two_batches_at_once(tmp_path, monkeypatch):
+    (tmp_path / "meeting.py").write_text(MEETING)
+    monkeypatch.syspath_prepend(str(tmp_path))  # one module, one barrier, for both instances
+
+    async def main() -> list:
+        engine = Engine("meeting:meet", instances=2, max_batch_size=1)
+        try:
+            return await asyncio.gather(*(engine.infer(double(n)) for n in (2, 3)))
+        finally:
+            await engine.close()
+            assert not engine.ready
+
+    for n, answer in zip((2, 3), asyncio.run(main())):
+        np.testing.assert_array_equal(answer["y"], 2 * double(n)["x"])
+
+
+def test_instances_of_a_model_share_the_cores_and_answer_as_alone(tmp_path):
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    alone = InferenceSession(MODEL)
+    instances = [instance(n, seed) for seed, n in enumerate([3, 1, 6, 2, 6, 4, 5, 2])]
+
+    async def main() -> tuple[list, Engine]:
+        engine = Engine(str(tmp_path / "model.onnx"), backend="onnxruntime", instances=2, max_batch_size=3)
+        try:
+            return await asyncio.gather(*(engine.infer(feeds) for feeds in instances)), engine
+        finally:
+            await engine.close()
+
+    results, engine = asyncio.run(main())
+    assert len(engine.runners) == 2 and engine.runners[0].session is not engine.runners[1].session
+    assert all(runner.session.ort_settings.options.intra_op_num_threads == max(1, usable_cores() // 2)
+               for runner in engine.runners)
+    for feeds, outputs in zip(instances, results):
+        for name, want in zip(alone.graph.outputs, alone.run(None, feeds)):
+            np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6)
+
+
+def test_instances_need_a_model_each_can_load():
+    with pytest.raises(ValueError, match="2 instances need a model each loads"):
+        Engine(InferenceSession(MODEL), instances=2)
