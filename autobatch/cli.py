@@ -200,6 +200,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         print_capabilities(args.op_types, print)
     elif args.command == "rewrite":
+        if args.dim and not args.check:
+            parser.error("--dim sizes the inputs --check runs; add --check")
         tools.rewrite_model(args.model, args.output, args.scheduler, args.check, print, dict(args.dim), CHECK_SIZE)
     elif args.command == "run":
         _, failed = tools.run_file(args.model, args.inputs, args.output, args.backend, args.batch_size, print,

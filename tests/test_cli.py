@@ -88,6 +88,8 @@ def test_rewrite_check_runs_symbolic_dimensions_at_the_sizes_given(tmp_path: Pat
     assert "check at N=20: outputs equal" in result.stdout
     wrong = autobatch_cli("rewrite", str(source), "-o", str(target), "--check", "--dim", "L=20")
     assert wrong.returncode == 1 and "--dim names 'L', which no input's shape has (its symbolic dimensions: N)" in wrong.stderr
+    unchecked = autobatch_cli("rewrite", str(source), "-o", str(target), "--dim", "N=20")
+    assert unchecked.returncode == 2 and "--dim sizes the inputs --check runs; add --check" in unchecked.stderr
 
 
 def test_rewrite_says_why_it_writes_a_model_unchanged(tmp_path: Path):
