@@ -2,12 +2,17 @@
 rewrite`` of branches that share one symbolic length ``L``).
 
 The planner needs every shape, so the graph is batched once for each of a few trial sizes of its
-symbols (``TRIAL_SIZES``). Where the lowered graphs are the same but for int64/int32 constants
-whose differing entries are, in every trial, the size of one symbol (a stacked ``[8, L, d]``, a
-reshape's ``[L, -1, d]``), those entries are read from an input's shape at run time
-(``Shape -> Gather -> Concat``). Anything else that differs (an entry ``2L`` or ``L - 1``, a
-node, an attribute, a constant's length: rows of different lengths laid out by index arrays)
-means the batched graph is specific to its sizes, and nothing is rewritten.
+symbols (``TRIAL_SIZES``: 1 and 2, where a dimension of 1 broadcasts or squeezes, then larger
+ones). Where the lowered graphs are the same but for int64/int32 constants whose differing
+entries are, in every trial, the size of one symbol (a stacked ``[8, L, d]``, a reshape's
+``[L, -1, d]``), those entries are read from the inputs' shapes at run time (``Shape -> Gather
+-> Concat``). Anything else that differs (an entry ``2L`` or ``L - 1``, a node, an attribute, a
+constant's length: rows of different lengths laid out by index arrays) means the batched graph is
+specific to its sizes, and nothing is rewritten. Nor is a graph that computes values from shapes
+(``Shape``, ``Size``): the trials fold those values, and a value that is the same in every trial
+(``min(L, 128)``, ``L == 1``) could not be told from a constant. Inputs that share a symbol must
+agree at run time: the rewritten graph checks that they do (a Gather out of range where not),
+where the original would have run each branch at its own length.
 """
 
 from __future__ import annotations
@@ -18,37 +23,58 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from autobatch.ir import Graph
+from autobatch.ir import Graph, to_onnx
 from autobatch.ir.types import ValueType
 
 # A symbol: a dim_param's name, or (input, axis) for a dimension without one (its own symbol).
 Symbol = str | tuple[str, int]
 
-# Sizes a symbol takes in each trial: small and large, distinct across symbols within a trial and
-# across trials, so a constant's entry that follows one symbol through every trial is that symbol.
-TRIAL_SIZES = ((3, 5, 7, 11, 13, 17, 19, 23), (29, 31, 37, 41, 43, 47, 53, 59), (97, 101, 103, 107, 109, 113, 127, 131))
+# Sizes a symbol takes in each trial (a row a trial, a column a symbol): 1 and 2 for every
+# symbol, then sizes distinct across symbols and trials, so that a constant's entry that follows
+# one symbol's column through every trial is that symbol.
+TRIAL_SIZES = ((1,) * 8, (2,) * 8, (3, 5, 7, 11, 13, 17, 19, 23), (29, 31, 37, 41, 43, 47, 53, 59),
+               (97, 101, 103, 107, 109, 113, 127, 131))
+SHAPE_READERS = frozenset({"Shape", "Size"})  # ops whose value comes from their input's shape
 SIZE_DTYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
 
-def symbol_sources(graph: Graph) -> dict[Symbol, tuple[str, int]] | str:
-    """Each symbol of the graph's input shapes and the first input and axis that carry it, or
-    why the inputs cannot be bound to trial sizes."""
-    sources: dict[Symbol, tuple[str, int]] = {}
+def symbol_sources(graph: Graph) -> dict[Symbol, list[tuple[str, int]]] | str:
+    """Each symbol of the graph's input shapes and every input and axis that carry it, or why
+    the graph cannot be batched for trial sizes."""
+    sources: dict[Symbol, list[tuple[str, int]]] = {}
     for name in graph.inputs:
         vtype = graph.values[name].type
         if vtype is None or not vtype.is_tensor or vtype.shape is None:
             return f"input {name!r} is not a tensor of known rank"
         for axis, dim in enumerate(vtype.shape):
             if not isinstance(dim, int):
-                sources.setdefault((name, axis) if dim is None else dim, (name, axis))
-    if len(sources) > len(TRIAL_SIZES[0]):
-        return f"its inputs have {len(sources)} symbolic dimensions (at most {len(TRIAL_SIZES[0])} are tried)"
+                sources.setdefault((name, axis) if dim is None else dim, []).append((name, axis))
+    if len(sources) > len(TRIAL_SIZES[-1]):
+        return f"its inputs have {len(sources)} symbolic dimensions (at most {len(TRIAL_SIZES[-1])} are tried)"
+    reader = _shape_reader(to_onnx(graph, check=False).graph)
+    if reader is not None:
+        return (f"it computes values from shapes ({reader}): batched for trial sizes, such values would "
+                "keep those sizes")
     return sources
+
+
+def _shape_reader(graph: onnx.GraphProto) -> str | None:
+    """A node (in the graph or a subgraph) that reads a value's shape, other than a constant's."""
+    constants = {tensor.name for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type in SHAPE_READERS and not node.domain and node.input[0] not in constants:
+            return f"{node.op_type} of {node.input[0]!r}"
+        for attribute in node.attribute:
+            for subgraph in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
+                found = _shape_reader(subgraph)
+                if found is not None:
+                    return found
+    return None
 
 
 def trial_types(graph: Graph, sources: Mapping[Symbol, tuple[str, int]], trial: int) -> dict[str, ValueType]:
     """The input types with each symbol bound to its size in this trial."""
-    sizes = dict(zip(sources, TRIAL_SIZES[trial]))
+    sizes = dict(zip(sources, TRIAL_SIZES[trial]))  # (an input's own symbol: its first place)
     types = {}
     for name in graph.inputs:
         vtype = graph.values[name].type
@@ -75,7 +101,7 @@ def batched_for_every_size(graph: Graph, batch: Callable[[Mapping[str, ValueType
 
 
 def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequence[Mapping[Symbol, int]],
-                 sources: Mapping[Symbol, tuple[str, int]]) -> onnx.ModelProto | str:
+                 sources: Mapping[Symbol, list[tuple[str, int]]]) -> onnx.ModelProto | str:
     first = models[0]
     for model in models[1:]:
         if ([n.SerializeToString() for n in model.graph.node] != [n.SerializeToString() for n in first.graph.node]
@@ -83,16 +109,16 @@ def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequenc
             return "its batched graph differs with the sizes of its symbolic dimensions (not only in shape constants)"
     follow: dict[str, list[Symbol | None]] = {}  # a varying constant: each entry's symbol (None: fixed)
     for position, tensor in enumerate(first.graph.initializer):
+        if all(model.graph.initializer[position].SerializeToString() == tensor.SerializeToString() for model in models):
+            continue  # (compared as bytes: a NaN equals itself)
         values = [numpy_helper.to_array(model.graph.initializer[position]) for model in models]
-        if all(v.dtype == values[0].dtype and v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values):
-            continue
         entries = _symbols_of_entries(tensor, values, sizes)
         if isinstance(entries, str):
             return entries
         follow[tensor.name] = entries
     result = onnx.ModelProto()
     result.CopyFrom(first)
-    _read_sizes_at_run_time(result.graph, follow, sources)
+    _read_sizes_at_run_time(result.graph, follow, sources, graph)
     _declare_as_given(result.graph, graph)
     return result
 
@@ -100,10 +126,14 @@ def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequenc
 def _symbols_of_entries(tensor: onnx.TensorProto, values: Sequence[np.ndarray],
                         sizes: Sequence[Mapping[Symbol, int]]) -> list[Symbol | None] | str:
     """For a constant that differs between trials, each entry's symbol (None where it is fixed)."""
-    shapes = {v.shape for v in values}
-    if tensor.data_type not in SIZE_DTYPES or len(shapes) != 1 or values[0].ndim > 1:
-        return (f"constant {tensor.name!r} of its batched graph changes with the sizes of its symbolic dimensions "
-                f"in more than its entries (shapes {sorted(shapes)})")
+    what = f"constant {tensor.name!r} of its batched graph changes with the sizes of its symbolic dimensions"
+    if tensor.data_type not in SIZE_DTYPES:
+        return f"{what}, and it is of {onnx.TensorProto.DataType.Name(tensor.data_type)}, not a size"
+    shapes = sorted({v.shape for v in values})
+    if len(shapes) != 1:
+        return f"{what} in its shape too ({', '.join(map(str, shapes))} in the trials)"
+    if values[0].ndim > 1:
+        return f"{what}, and it is of rank {values[0].ndim}, not a list of sizes"
     columns = np.stack([v.reshape(-1) for v in values])  # trial x entry
     entries: list[Symbol | None] = []
     for column in columns.T:
@@ -119,24 +149,13 @@ def _symbols_of_entries(tensor: onnx.TensorProto, values: Sequence[np.ndarray],
 
 
 def _read_sizes_at_run_time(graph: onnx.GraphProto, follow: Mapping[str, list[Symbol | None]],
-                            sources: Mapping[Symbol, tuple[str, int]]) -> None:
-    """Each varying constant made at the graph's start from the fixed entries and the input dims."""
-    made: list[onnx.NodeProto] = []
-    fixed: list[onnx.TensorProto] = []
-    shapes: dict[str, str] = {}  # an input: its Shape, read once
-    dims: dict[tuple[Symbol, bool], str] = {}  # a symbol, as a scalar or a row of one: where it is read
-
-    def dim(symbol: Symbol, scalar: bool) -> str:
-        if (symbol, scalar) not in dims:
-            name, axis = sources[symbol]
-            if name not in shapes:
-                shapes[name] = f"autobatch/sizes/{len(shapes)}"
-                made.append(helper.make_node("Shape", [name], [shapes[name]]))
-            dims[symbol, scalar] = f"{shapes[name]}/{axis}{'' if scalar else '/row'}"
-            fixed.append(numpy_helper.from_array(np.array(axis if scalar else [axis], np.int64), f"{dims[symbol, scalar]}/at"))
-            made.append(helper.make_node("Gather", [shapes[name], fixed[-1].name], [dims[symbol, scalar]]))
-        return dims[symbol, scalar]
-
+                            sources: Mapping[Symbol, list[tuple[str, int]]], original: Graph) -> None:
+    """Each varying constant made at the graph's start from the fixed entries and the input dims;
+    the inputs that share a symbol checked to agree."""
+    sizes = _SizeReader(sources)
+    for symbol, places in sources.items():
+        if len(places) > 1:
+            sizes.check_agreement(symbol, graph, original)
     kept = []
     for tensor in graph.initializer:
         entries = follow.get(tensor.name)
@@ -146,24 +165,81 @@ def _read_sizes_at_run_time(graph: onnx.GraphProto, follow: Mapping[str, list[Sy
         array = numpy_helper.to_array(tensor)
         target = tensor.name if tensor.data_type == onnx.TensorProto.INT64 else f"{tensor.name}/int64"
         if array.ndim == 0:
-            made.append(helper.make_node("Identity", [dim(entries[0], scalar=True)], [target]))
+            sizes.node("Identity", [sizes.read(entries[0], scalar=True)], target)
         else:
             pieces = []
             for start, entry in enumerate(entries):
                 if entry is not None:
-                    pieces.append(dim(entry, scalar=False))
+                    pieces.append(sizes.read(entry, scalar=False))
                 elif start == 0 or entries[start - 1] is not None:  # a run of fixed entries: one constant
                     end = next((k for k in range(start, len(entries)) if entries[k] is not None), len(entries))
-                    fixed.append(numpy_helper.from_array(array[start:end].astype(np.int64), f"{tensor.name}/{start}"))
-                    pieces.append(fixed[-1].name)
-            made.append(helper.make_node("Concat", pieces, [target], axis=0))
+                    pieces.append(sizes.constant(array[start:end].astype(np.int64), f"{tensor.name}/{start}"))
+            sizes.node("Concat", pieces, target, axis=0)
         if target != tensor.name:
-            made.append(helper.make_node("Cast", [target], [tensor.name], to=tensor.data_type))
+            sizes.node("Cast", [target], tensor.name, to=tensor.data_type)
     del graph.initializer[:]
-    graph.initializer.extend(kept + fixed)
-    nodes = made + list(graph.node)
+    graph.initializer.extend(kept + sizes.constants)
+    nodes = sizes.nodes + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+class _SizeReader:
+    """The nodes that read each symbol's size from the inputs' shapes (from the first input that
+    carries it), each once."""
+
+    def __init__(self, sources: Mapping[Symbol, list[tuple[str, int]]]) -> None:
+        self.sources = sources
+        self.nodes: list[onnx.NodeProto] = []
+        self.constants: list[onnx.TensorProto] = []
+        self.read_as: dict[tuple[Symbol, bool], str] = {}  # a symbol, as a scalar or a row of one: its value
+        self.shapes: dict[str, str] = {}  # an input: its Shape
+
+    def read(self, symbol: Symbol, scalar: bool) -> str:
+        if (symbol, scalar) not in self.read_as:
+            name, axis = self.sources[symbol][0]
+            key = f"autobatch/sizes/{len(self.read_as)}"
+            at = self.constant(np.array(axis if scalar else [axis]), f"{key}/at")
+            self.read_as[symbol, scalar] = self.node("Gather", [self.shape(name), at], key)
+        return self.read_as[symbol, scalar]
+
+    def check_agreement(self, symbol: Symbol, graph: onnx.GraphProto, original: Graph) -> None:
+        """Every input that carries ``symbol`` of the same size at run time, else the run fails in
+        a node whose name says so: their sizes less the first's index a constant of one entry. The
+        check is added (as 0) to an input that the graph reads, so that no optimizer drops it
+        (onnxruntime's folds a reshape's target built from the first input's shape, check and all)."""
+        places = self.sources[symbol]
+        key = f"autobatch/agree/{len(self.shapes)}-{len(self.nodes)}"
+        sizes = [self.node("Gather", [self.shape(name), self.constant(np.array([axis]), f"{key}/{k}/at")], f"{key}/{k}")
+                 for k, (name, axis) in enumerate(places)]
+        every = self.node("Concat", sizes, f"{key}/every", axis=0)
+        apart = self.node("Abs", [self.node("Sub", [every, sizes[0]], f"{key}/apart")], f"{key}/distance")
+        named = "_".join(dict.fromkeys(name for name, _ in places))
+        check = self.node("Gather", [self.constant(np.array([0]), f"{key}/zero"), apart],
+                          f"{key}/these_inputs_must_agree_in_size:{named}")
+        zero = self.node("ReduceMax", [check], f"{key}/zero_once_agreed", keepdims=1)
+        read = {name for node in graph.node for name in node.input}
+        carrier = next((name for name, _ in places if name in read and original.values[name].type.dtype.kind in "fiu"),
+                       None)
+        if carrier is None:
+            return  # (no numeric input that the graph reads carries it: its inputs stay unchecked)
+        dtype = original.values[carrier].type.elem_type
+        checked = self.node("Add", [carrier, self.node("Cast", [zero], f"{key}/as_input", to=dtype)], f"{key}/{carrier}")
+        for node in graph.node:
+            node.input[:] = [checked if name == carrier else name for name in node.input]
+
+    def shape(self, name: str) -> str:
+        if name not in self.shapes:
+            self.shapes[name] = self.node("Shape", [name], f"autobatch/sizes/shape/{len(self.shapes)}")
+        return self.shapes[name]
+
+    def node(self, op_type: str, inputs: list[str], output: str, **attributes: object) -> str:
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attributes))
+        return output
+
+    def constant(self, array: np.ndarray, name: str) -> str:
+        self.constants.append(numpy_helper.from_array(array.astype(np.int64), name))
+        return name
 
 
 def _declare_as_given(graph: onnx.GraphProto, original: Graph) -> None:

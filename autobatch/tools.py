@@ -203,15 +203,19 @@ def compute_ops(graph: Graph) -> int:
 
 def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Print,
                   sizes: Mapping[str, int] | None = None, default_size: int = 16) -> RewriteResult:
-    """``autobatch rewrite``; ``--check`` runs both graphs with each symbolic dimension of the
-    inputs at its size in ``sizes``, else ``default_size``."""
+    """``autobatch rewrite``; ``--check`` compares both graphs' outputs with every symbolic
+    dimension of the inputs at 1, at 2 and at its size in ``sizes`` (else ``default_size``), and
+    times them at the last."""
     graph = from_onnx(source)
-    symbols = {d for name in graph.inputs for d in (graph.values[name].type.shape or ()) if isinstance(d, str)}
+    dims = [d for name in graph.inputs for d in (graph.values[name].type.shape or ()) if not isinstance(d, int)]
+    symbols = {d for d in dims if d is not None}
     unknown = sorted(set(sizes or {}) - symbols)
     if unknown:
         raise ValueError(f"--dim names {', '.join(map(repr, unknown))}, which no input's shape has "
                          f"(its symbolic dimensions: {', '.join(sorted(symbols)) or 'none'})")
-    check_sizes = {symbol: (sizes or {}).get(symbol, default_size) for symbol in sorted(symbols)}
+    # (``random_feeds`` sizes every unnamed dimension by the key "None")
+    check_sizes = {symbol: (sizes or {}).get(symbol, default_size) for symbol in sorted(symbols)} | \
+        ({"None": default_size} if None in dims else {})
     batched = batched_graph(graph, scheduler)
     if isinstance(batched, str):
         out(f"not batched: {batched}; written unchanged")
@@ -224,30 +228,47 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
         out(f"{op:<24}{result.before[op]:>8}{result.after[op]:>8}")
     out(f"{'total':<24}{sum(result.before.values()):>8}{sum(result.after.values()):>8}")
     if check:
-        feeds = random_feeds(graph, np.random.default_rng(0), check_sizes)
-        # The original as we export it (an IR version onnxruntime loads), not as it was saved.
-        expected, result.latency_before_ms = _ort_run_timed(to_onnx(graph), feeds)
+        original = to_onnx(graph)  # as we export it (an IR version onnxruntime loads), not as it was saved
+        rng = np.random.default_rng(0)
+        for size in (1, 2) if check_sizes else ():  # where a size of 1 broadcasts or squeezes
+            feeds = random_feeds(graph, rng, dict.fromkeys(check_sizes, size))
+            _same_outputs(graph, _ort_run_timed(original, feeds, 1)[0], _ort_run_timed(model, feeds, 1)[0],
+                          f"every symbolic dimension at {size}")
+        feeds = random_feeds(graph, rng, check_sizes)
+        expected, result.latency_before_ms = _ort_run_timed(original, feeds)
         got, result.latency_after_ms = _ort_run_timed(model, feeds)
+        at = ", ".join(f"{'?' if symbol == 'None' else symbol}={size}" for symbol, size in check_sizes.items())
+        result.max_difference = _same_outputs(graph, expected, got, at or "the inputs' own shapes")
         if batched is not graph and result.latency_after_ms >= result.latency_before_ms:
             out(f"the batched graph ran slower ({result.latency_after_ms:.3f} ms against {result.latency_before_ms:.3f} ms): "
                 "written unchanged")
-            model = to_onnx(graph)
-            onnx.save(model, target)
+            onnx.save(original, target)
             result.after = op_counts(graph)
-        result.max_difference = max(
-            (float(np.max(np.abs(e.astype(np.float64) - g))) if e.size else 0.0 for e, g in zip(expected, got)), default=0.0)
-        for e, g, name in zip(expected, got, graph.outputs):
-            if e.shape != g.shape or e.dtype != g.dtype or not np.allclose(g, e, rtol=1e-4, atol=1e-5):
-                raise ValueError(f"check failed: output {name!r} differs after the rewrite "
-                                 f"(largest difference {result.max_difference:.3g})")
-        at = f" at {', '.join(f'{symbol}={size}' for symbol, size in check_sizes.items())}" if check_sizes else ""
-        out(f"check{at}: outputs equal (largest difference {result.max_difference:.3g}); onnxruntime latency "
-            f"{result.latency_before_ms:.3f} ms before, {result.latency_after_ms:.3f} ms after")
+        out(f"check{f' at {at}' if at else ''}: outputs equal (largest difference {result.max_difference:.3g}"
+            f"{'; also at sizes 1 and 2' if at else ''}); onnxruntime latency {result.latency_before_ms:.3f} ms before, "
+            f"{result.latency_after_ms:.3f} ms after")
     out(f"wrote {target}")
     return result
 
 
+def _same_outputs(graph: Graph, expected: Sequence[np.ndarray], got: Sequence[np.ndarray], where: str) -> float:
+    """The largest difference of the rewritten graph's outputs from the original's, or ValueError
+    naming the first that differs in shape, dtype or value (rtol 1e-4, atol 1e-5)."""
+    largest = 0.0
+    for e, g, name in zip(expected, got, graph.outputs):
+        if e.shape != g.shape or e.dtype != g.dtype:
+            raise ValueError(f"check failed ({where}): output {name!r} is {g.dtype}{list(g.shape)} after the rewrite, "
+                             f"{e.dtype}{list(e.shape)} before")
+        difference = float(np.max(np.abs(e.astype(np.float64) - g))) if e.size else 0.0
+        if not np.allclose(g, e, rtol=1e-4, atol=1e-5):
+            raise ValueError(f"check failed ({where}): output {name!r} differs after the rewrite "
+                             f"(largest difference {difference:.3g})")
+        largest = max(largest, difference)
+    return largest
+
+
 def _ort_run_timed(model: onnx.ModelProto, feeds: dict[str, np.ndarray], repeats: int = 20) -> tuple[list[np.ndarray], float]:
+    """Outputs, and the fastest of ``repeats`` runs in ms, on one thread."""
     session = new_session(model, session_options(threads=1), [CPU])
     outputs, seconds = _timed(lambda: session.run(None, feeds), repeats)
     return outputs, seconds * 1e3

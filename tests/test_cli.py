@@ -65,19 +65,31 @@ def test_rewrite_batches_parallel_lstm_cells(tmp_path: Path):
     assert counts["MatMul"] == 2 and counts["Sigmoid"] == 1
 
 
-def test_rewrite_batches_cells_over_a_symbolic_number_of_rows(tmp_path: Path):
-    """Rows ``N`` unknown until run time: the rewritten graph reads N from its inputs."""
-    source, target = tmp_path / "cells.onnx", tmp_path / "batched.onnx"
-    onnx.save(lstm_copies_model(rows="N"), source)
+def test_rewrite_batches_branches_of_a_symbolic_length(tmp_path: Path):
+    """Every branch's length ``L`` unknown until run time: the rewritten graph reads L from its inputs."""
+    from benchmarks.rewrite_branches import lstm_tagger_branches, one_symbolic_length
+
+    source, target = tmp_path / "branches.onnx", tmp_path / "batched.onnx"
+    onnx.save(one_symbolic_length(lstm_tagger_branches([4] * 4, 6, 5)), source)
     result = autobatch_cli("rewrite", str(source), "-o", str(target))
     assert result.returncode == 0, result.stderr
     before, after = onnx.load(source), onnx.load(target)
-    assert op_counts(from_onnx(after))["MatMul"] == 2
+    assert op_counts(from_onnx(after))["LSTM"] == 2  # a packed launch a layer for all four branches
     assert [(v.name, v.type) for v in before.graph.input] == [(v.name, v.type) for v in after.graph.input]
-    for rows in (1, 3, 20):
-        feeds = random_feeds(from_onnx(before), np.random.default_rng(rows), {"N": rows})
+    for length in (1, 3, 20):
+        feeds = random_feeds(from_onnx(before), np.random.default_rng(length), {"L": length})
         for want, got in zip(ort_run(before, feeds), ort_run(after, feeds)):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_rewrite_leaves_cells_whose_rows_of_one_batch_otherwise(tmp_path: Path):
+    """Batched for N = 1, the cells read their rows another way than for N >= 2: one graph for
+    every N is not there to be had, and the command says so."""
+    source, target = tmp_path / "cells.onnx", tmp_path / "same.onnx"
+    onnx.save(lstm_copies_model(rows="N"), source)
+    result = autobatch_cli("rewrite", str(source), "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    assert "not batched: its batched graph differs with the sizes of its symbolic dimensions" in result.stdout
 
 
 def test_rewrite_check_runs_symbolic_dimensions_at_the_sizes_given(tmp_path: Path):
@@ -95,9 +107,10 @@ def test_rewrite_check_runs_symbolic_dimensions_at_the_sizes_given(tmp_path: Pat
 def test_rewrite_says_why_it_writes_a_model_unchanged(tmp_path: Path):
     source, target = tmp_path / "cells.onnx", tmp_path / "same.onnx"
     onnx.save(lstm_copies_model(rows="?"), source)  # each input's rows a symbol of its own
-    result = autobatch_cli("rewrite", str(source), "-o", str(target))
+    result = autobatch_cli("rewrite", str(source), "-o", str(target), "--check")
     assert result.returncode == 0, result.stderr
     assert "not batched: its inputs have 18 symbolic dimensions (at most 8 are tried); written unchanged" in result.stdout
+    assert "check at ?=16: outputs equal" in result.stdout  # unnamed dimensions are sized for the check too
 
 
 def test_rewrite_keeps_results_of_a_graph_with_nothing_to_batch(tmp_path: Path):

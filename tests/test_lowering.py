@@ -113,27 +113,69 @@ def test_rewrite_of_branches_of_one_symbolic_length_holds_for_every_length(build
 def test_rewrite_of_branches_of_two_symbolic_lengths_says_why_it_does_not_batch():
     graph = from_onnx(with_symbolic_lengths(encoder_branches([4] * 8, 6), ["L", "M"]))
     reason = batched_graph(graph)
-    assert isinstance(reason, str) and "follows its symbolic dimensions but is none of them" in reason
+    assert isinstance(reason, str) and "differs with the sizes of its symbolic dimensions" in reason
     assert batch_one_graph(graph) is graph
 
 
-THRICE_THE_LENGTH = """<ir_version: 9, opset_import: ["" : 18]>
-g (float[L, 3] x0, float[L, 3] x1) => (float[M] y0, float[N] y1) {
-  three = Constant <value = int64[1] {3}> ()
-""" + "".join(f"""  n{k} = Shape <end = 1> (x{k})
-  m{k} = Mul(n{k}, three)
-  r{k} = Relu(x{k})
-  f{k} = Reshape(r{k}, m{k})
-  y{k} = Tanh(f{k})
-""" for k in range(2)) + "}"
+def branches(body: str, outputs: str, shared: str = "", count: int = 2) -> onnx.ModelProto:
+    """``count`` branches of ``body`` (``{k}`` the branch) over inputs ``x0``, ``x1``, ... of
+    ``[L, 3]``, after the ``shared`` lines."""
+    inputs = ", ".join(f"float[L, 3] x{k}" for k in range(count))
+    return onnx.parser.parse_model(f'<ir_version: 9, opset_import: ["" : 18]>\ng ({inputs}) => ({outputs}) {{\n'
+                                   + shared + "\n" + "\n".join(body.format(k=k) for k in range(count)) + "\n}")
 
 
 def test_a_constant_of_thrice_the_length_is_not_taken_for_the_length():
-    """Shape folding makes ``[3L]`` a constant of each trial's graph: an entry that moves with L
-    but is not L. Read as L, the flattened rows would be cut short at every other length."""
-    graph = from_onnx(onnx.parser.parse_model(THRICE_THE_LENGTH))
-    reason = batched_graph(graph)
-    assert isinstance(reason, str) and "(9, 87, 291 in the trials)" in reason
+    """A flattened ``[3L]``: an entry that moves with L but is not L. Read as L, the flattened
+    rows would be cut short at every other length."""
+    reason = batched_graph(from_onnx(branches("f{k} = Flatten <axis = 0> (x{k})  y{k} = Relu(f{k})",
+                                              "float[1, M] y0, float[1, M] y1")))
+    assert isinstance(reason, str) and "follows its symbolic dimensions but is none of them (3, 6, 9, 87, 291" in reason
+
+
+@pytest.mark.parametrize("body", [
+    "n{k} = Shape <end = 1> (x{k})  m{k} = Mul(n{k}, three)  r{k} = Relu(x{k})  y{k} = Reshape(r{k}, m{k})",
+    "n{k} = Shape <end = 1> (x{k})  c{k} = Min(n{k}, two)  s{k} = Slice(x{k}, zero, c{k})  y{k} = Relu(s{k})",
+    "n{k} = Size(x{k})  f{k} = Cast <to = 1> (n{k})  y{k} = Mul(x{k}, f{k})",
+])
+def test_values_computed_from_shapes_are_not_batched_for_trial_sizes(body):
+    """Folded in each trial, ``min(L, 2)`` is 2 at every trial size but the first: taken for a
+    constant, a length of 1 would be cut wrong. Such graphs are left as they are."""
+    constants = ("three = Constant <value = int64[1] {3}> ()  two = Constant <value = int64[1] {2}> ()  "
+                 "zero = Constant <value = int64[1] {0}> ()")
+    reason = batched_graph(from_onnx(branches(body, "float[M, N] y0, float[M, N] y1", constants)))
+    assert isinstance(reason, str) and "it computes values from shapes (" in reason and "of 'x0')" in reason
+
+
+@pytest.mark.parametrize("body, outputs", [
+    ("y{k} = Squeeze(x{k})", "float[3] y0, float[3] y1"),  # no axes: at L = 1 it squeezes L too
+    ("y{k} = Add(x{k}, k)", "float[M, 3] y0, float[M, 3] y1"),  # a broadcast of [L, 3] with [5, 3]: valid at L = 1
+])
+def test_what_a_size_of_1_changes_is_refused_or_kept(body, outputs):
+    model = branches(body, outputs, "k = Constant <value = float[5, 3] {" + ", ".join(["0.5"] * 15) + "}> ()")
+    rewritten = batched_graph(from_onnx(model))
+    if isinstance(rewritten, str):
+        return  # refused: the model as written
+    batched = to_onnx(rewritten)
+    for length in (1, 5):
+        feeds = {f"x{k}": np.full((length, 3), 0.25 * (k + 1), np.float32) for k in range(2)}
+        for name, want in run_model(model, feeds).items():
+            assert_same(run_model(batched, feeds)[name], want, what=f"{name} at length {length}")
+
+
+def test_inputs_that_share_a_symbol_must_agree_at_run_time():
+    """The original runs each branch at its own length; the rewrite, which reads L once, would
+    cut all three branches' rows at the first's length: it fails instead."""
+    model = branches("m{k} = MatMul(x{k}, w)  y{k} = Tanh(m{k})", "float[L, 3] y0, float[L, 3] y1, float[L, 3] y2",
+                     "w = Constant <value = float[3, 3] {1, 2, 3, 4, 5, 6, 7, 8, 9}> ()", count=3)
+    batched = to_onnx(batched_graph(from_onnx(model)))
+    feeds = {f"x{k}": np.full((length, 3), 0.1, np.float32) for k, length in enumerate((2, 1, 3))}
+    assert [y.shape for y in run_model(model, feeds).values()] == [(2, 3), (1, 3), (3, 3)]  # the original takes it
+    with pytest.raises(Exception, match="these_inputs_must_agree_in_size:x0_x1_x2"):
+        run_model(batched, feeds)
+    same = {name: value[:2] for name, value in feeds.items() if len(value) >= 2} | {"x1": np.full((2, 3), 0.1, np.float32)}
+    for name, want in run_model(model, same).items():
+        assert_same(run_model(batched, same)[name], want, what=name)
 
 
 def test_a_mix_seen_again_runs_as_one_onnxruntime_session():
