@@ -79,13 +79,14 @@ class Engine:
     ``model`` is a path (``.onnx``, or ``module:function`` for a program), an ONNX model, an
     ``InferenceSession`` or a ``Runner``. ``max_queue_delay_microseconds`` (Triton's name)
     overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
-    request alone, in arrival order (the baseline); ``alone_when_faster=False`` batches every
+    request alone (the baseline; in arrival order with one instance); ``alone_when_faster=False`` batches every
     batch of a model the engine loads, even where running its instances each alone was measured
     faster (``autobatch.ways``). ``instances`` sessions of the model (each loaded from ``model``:
     a path or an ONNX model), each with a worker thread of its own and its share of the cores,
     take batches from one queue, as Triton's instance count: a batch gathers while another runs.
     ``worker="process"`` runs each in a process of its own (``serving.worker_process``; the model
-    given as a path), started again when a run crashes it. Invariant: the engine's state is touched
+    given as a path), started again when a run crashes it (spawned: a script that makes such an
+    engine needs the ``if __name__ == "__main__":`` guard). Invariant: the engine's state is touched
     only on the event loop it was started on; ``infer_sync`` hops onto that loop.
     """
 
@@ -106,8 +107,15 @@ class Engine:
         # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
         threads = max(1, usable_cores() // instances) if instances > 1 else None
         self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)
-        self.runners = [self.runner] + [_as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker,
-                                                   threads)[1] for _ in range(instances - 1)]
+        self.runners = [self.runner]
+        try:
+            for _ in range(instances - 1):  # (worker processes share the first's feed checker)
+                self.runners.append(_as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads,
+                                               checker=getattr(self.runner, "checker", None) and
+                                               (self.name, self.runner.checker))[1])
+        except BaseException:
+            _close_processes(self.runners)
+            raise
         if name is not None:
             self.name = name
         self.max_batch_size = max_batch_size
@@ -133,7 +141,7 @@ class Engine:
     @property
     def ready(self) -> bool:
         return (bool(self._workers) and all(worker.is_alive() for worker in self._workers) and not self._closing
-                and all(getattr(runner, "alive", True) for runner in self.runners))
+                and all(getattr(runner, "ready", True) for runner in self.runners))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -152,7 +160,11 @@ class Engine:
 
     async def close(self) -> None:
         """Graceful: refuse new requests, finish every queued and running one, then stop."""
-        if self._loop is None or self._closing:
+        if self._loop is None:  # never started: only worker processes to stop
+            self._closing = True
+            _close_processes(self.runners)
+            return
+        if self._closing:
             return
         self._closing = True
         with self._arrived:
@@ -244,7 +256,13 @@ class Engine:
         assert self._loop is not None and self._stopped is not None
         loop, stopped = self._loop, self._stopped
         try:
-            while (batch := self._next_batch()) is not None:
+            while True:
+                if not self._runnable(runner):
+                    if self._closing:
+                        break
+                    continue
+                if (batch := self._next_batch()) is None:
+                    break
                 live = [request for request in batch if not request.future.done()]
                 if live:
                     try:
@@ -256,13 +274,30 @@ class Engine:
             if not loop.is_closed():
                 raise
         finally:
-            if hasattr(runner, "close"):  # a worker process: stopped with its worker
-                runner.close()
-            with self._arrived:
-                self._working -= 1
-                last = self._working == 0
-            if last and not loop.is_closed():
-                loop.call_soon_threadsafe(stopped.set_result, None)
+            try:
+                _close_processes([runner])  # a worker process: stopped with its worker
+            finally:
+                with self._arrived:
+                    self._working -= 1
+                    last = self._working == 0
+                    left = []  # queued with no worker left to run them (only where every one was down)
+                    while last and self._queue:
+                        left.append(self._queue.popleft())
+                if last and not loop.is_closed():
+                    failure = InferenceFailed(f"model {self.name!r}: no worker is left to run it")
+                    loop.call_soon_threadsafe(self._settle, left, failure)
+                    loop.call_soon_threadsafe(stopped.set_result, None)
+
+    def _runnable(self, runner: Runner) -> bool:
+        """Whether ``runner`` can take a batch: a worker process that is down (its start failed)
+        takes none until its next start is due, so that another instance takes them."""
+        revive = getattr(runner, "revive", None)
+        if revive is None or revive():
+            return True
+        with self._arrived:
+            if not self._closing:
+                self._arrived.wait(max(runner.retry_in, 0.05))  # type: ignore[attr-defined]
+        return False
 
     def _next_batch(self) -> list[_Request] | None:
         """The next batch (None: closed and nothing left), waiting for more until the oldest
@@ -298,6 +333,7 @@ class Engine:
 
     def _settle(self, batch: list[_Request], outcome: _Outcome | BaseException) -> None:
         """On the loop: each request's answer, and the batch counted in the metrics."""
+        self.metrics.worker_restarts = sum(getattr(runner, "restarts", 0) for runner in self.runners)
         if isinstance(outcome, BaseException):
             for request in batch:
                 request.settle(outcome)
@@ -311,7 +347,6 @@ class Engine:
             self.metrics.batches_failed += 1
             self.metrics.instances_rerun += outcome.ran
         self.metrics.instances_alone += outcome.alone
-        self.metrics.worker_restarts = sum(getattr(runner, "restarts", 0) for runner in self.runners)
         for request, result in zip(batch, outcome.results):
             if isinstance(result, DeadlineExceeded):
                 request.settle(RequestTimeout(f"model {self.name!r}: no result within its deadline; the work stopped"))
@@ -351,7 +386,7 @@ class Engine:
 
 
 class ModelRegistry:
-    """The served models by name: one engine (one queue, one worker) each."""
+    """The served models by name: one engine (one queue, a worker an instance) each."""
 
     def __init__(self, engines: Iterable[Engine] = ()) -> None:
         self.engines: dict[str, Engine] = {}
@@ -382,14 +417,14 @@ class ModelRegistry:
 
 
 def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool, worker: str,
-               threads: int | None = None) -> tuple[str, Runner]:
+               threads: int | None = None, checker: tuple[str, Runner] | None = None) -> tuple[str, Runner]:
     if worker not in WORKERS:
         raise ValueError(f"worker must be one of {', '.join(WORKERS)}, not {worker!r}")
     if worker == "process":
         if not isinstance(model, str):
             raise ValueError("a worker process loads its model itself: give a path (.onnx or module:function), "
                              f"not {type(model).__name__}")
-        runner = ProcessRunner(model, backend, max_unrolled_nodes, alone_when_faster, threads)
+        runner = ProcessRunner(model, backend, max_unrolled_nodes, alone_when_faster, threads, checker)
         return runner.name, runner
     if isinstance(model, str):
         return load_runner(model, backend, max_unrolled_nodes, alone_when_faster, threads)
@@ -400,6 +435,14 @@ def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_fas
     session = InferenceSession(model, backend=backend, max_unrolled_nodes=max_unrolled_nodes,
                                alone_when_faster=alone_when_faster, threads=threads)
     return session.graph.name or "model", SessionRunner(session)
+
+
+def _close_processes(runners: Iterable[Runner]) -> None:
+    """Stop the worker processes among ``runners`` (the engine made them; a runner given to it is
+    its caller's to close)."""
+    for runner in runners:
+        if isinstance(runner, ProcessRunner):
+            runner.close()
 
 
 def _run_batch(runner: Runner, feeds_list: list[Feeds]) -> list[Outputs | BaseException]:

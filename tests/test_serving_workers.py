@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 
 import numpy as np
 import onnx
@@ -89,7 +90,7 @@ def test_a_crash_fails_its_own_request_and_the_batch_mates_are_answered(program,
     # the batch crashed it, then its guilty instance alone did: two restarts, one batch run again alone
     assert engine.metrics.worker_restarts == 2 and engine.metrics.batches_failed == 1
     assert 'autobatch_worker_restarts_total{model="faulty_double"} 2' in render([("faulty_double", engine.metrics, 0)])
-    warnings = [r.message for r in caplog.records if "starting another" in r.message]
+    warnings = [r.message for r in caplog.records if "; restart " in r.message]
     assert len(warnings) == 2 and all("exited with code 3 during a run" in w for w in warnings)
 
 
@@ -119,7 +120,9 @@ def test_a_worker_process_killed_between_batches_is_started_again(tmp_path):
     async def main() -> None:
         engine = Engine(str(tmp_path / "model.onnx"), worker="process")
         try:
-            os.kill(engine.runner.pid, signal.SIGKILL)
+            await engine.infer(feeds)
+            killed(engine.runner)
+            assert engine.ready  # the next call starts another: a load balancer keeps sending calls
             got = await engine.infer(feeds)
             np.testing.assert_allclose(got[MODEL.graph.output[0].name], want[0], rtol=1e-6)
             assert engine.metrics.worker_restarts == 1
@@ -127,6 +130,59 @@ def test_a_worker_process_killed_between_batches_is_started_again(tmp_path):
             await engine.close()
 
     asyncio.run(main())
+
+
+def killed(runner) -> None:
+    """The runner's worker process killed, and gone (a batch taken as it dies fails: not here)."""
+    os.kill(runner.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while runner.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+FLAKY = '''
+import os
+
+if os.path.exists({flag!r}):
+    raise ImportError("cannot load while the flag is there")
+
+async def doubled(feeds):
+    return {{"y": feeds["x"] * 2}}
+'''
+
+
+def test_a_worker_process_that_cannot_start_is_tried_again_while_its_requests_wait(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(worker_process, "RETRY_S", 0.3)
+    flag = tmp_path / "broken"
+    (tmp_path / "flaky.py").write_text(FLAKY.format(flag=str(flag)))
+
+    async def main() -> None:
+        engine = Engine(f"{tmp_path}/flaky.py:doubled", worker="process")
+        try:
+            flag.touch()  # the next start fails
+            killed(engine.runner)
+            pending = asyncio.ensure_future(engine.infer(double(3)))
+            await asyncio.sleep(1.0)
+            assert not pending.done()  # tried, failed, waiting to try again
+            flag.unlink()
+            answer = await asyncio.wait_for(pending, 30)
+            np.testing.assert_array_equal(answer["y"], 2 * double(3)["x"])
+        finally:
+            await engine.close()
+
+    with caplog.at_level(logging.ERROR, logger="autobatch"):
+        asyncio.run(main())
+    assert any("no worker process (ImportError: cannot load while the flag is there); trying again in 0.3 s" in r.message
+               for r in caplog.records)
+
+
+def test_an_engine_never_started_stops_its_worker_processes(tmp_path):
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    engine = Engine(str(tmp_path / "model.onnx"), worker="process", instances=2)
+    assert all(runner.alive for runner in engine.runners)
+    assert engine.runners[1].checker is engine.runners[0].checker  # one copy of the model checks feeds
+    asyncio.run(engine.close())
+    assert not any(runner.alive for runner in engine.runners)
 
 
 @pytest.mark.parametrize("model, error", [
