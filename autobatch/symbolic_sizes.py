@@ -8,7 +8,9 @@ entries are, in every trial, the size of one symbol (a stacked ``[8, L, d]``, a 
 ``[L, -1, d]``), those entries are read from the inputs' shapes at run time (``Shape -> Gather
 -> Concat``). Anything else that differs (an entry ``2L`` or ``L - 1``, a node, an attribute, a
 constant's length: rows of different lengths laid out by index arrays) means the batched graph is
-specific to its sizes, and nothing is rewritten. Nor is a graph that computes values from shapes
+specific to its sizes, and nothing is rewritten, unless only the trial of size 1 differs (K cells
+over ``N`` rows read a row of one as a whole value): then the model is ``If(a size < 2)`` the
+graph as written, else the batched one. Nor is a graph that computes values from shapes
 (``Shape``, ``Size``): the trials fold those values, and a value that is the same in every trial
 (``min(L, 128)``, ``L == 1``) could not be told from a constant. Inputs that share a symbol must
 agree at run time: the rewritten graph checks that they do (a Gather out of range where not),
@@ -34,6 +36,7 @@ Symbol = str | tuple[str, int]
 # one symbol's column through every trial is that symbol.
 TRIAL_SIZES = ((1,) * 8, (2,) * 8, (3, 5, 7, 11, 13, 17, 19, 23), (29, 31, 37, 41, 43, 47, 53, 59),
                (97, 101, 103, 107, 109, 113, 127, 131))
+AS_WRITTEN_BELOW_TWO = "autobatch/as_written_below_two"  # the If that runs the model as written where a size is 0 or 1
 SHAPE_READERS = frozenset({"Shape", "Size"})  # ops whose value comes from their input's shape
 SIZE_DTYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
@@ -97,7 +100,13 @@ def batched_for_every_size(graph: Graph, batch: Callable[[Mapping[str, ValueType
             return model
         models.append(model)
     sizes = [dict(zip(sources, trial)) for trial in TRIAL_SIZES]
-    return _generalised(graph, models, sizes, sources)
+    every = _generalised(graph, models, sizes, sources)
+    if not isinstance(every, str):
+        return every
+    # Sizes of 1 may batch another way (rows of one are read as whole values): the graph of the
+    # larger trials then runs only where every symbol is 2 or more, the model as written elsewhere.
+    larger = _generalised(graph, models[1:], sizes[1:], sources)
+    return every if isinstance(larger, str) else _as_written_below_two(graph, larger, sources)
 
 
 def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequence[Mapping[Symbol, int]],
@@ -121,6 +130,66 @@ def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequenc
     _read_sizes_at_run_time(result.graph, follow, sources, graph)
     _declare_as_given(result.graph, graph)
     return result
+
+
+def _as_written_below_two(graph: Graph, batched: onnx.ModelProto,
+                          sources: Mapping[Symbol, list[tuple[str, int]]]) -> onnx.ModelProto | str:
+    """One model: ``If(some symbol < 2)`` the graph as written, else ``batched``. Each branch's
+    own values are renamed apart (``alone/``, ``batched/``); the weights stay in the outer graph,
+    one copy of each tensor that both read alike."""
+    original = to_onnx(graph, check=False)
+    if original.opset_import and min(o.version for o in original.opset_import if o.domain in ("", "ai.onnx")) < 9:
+        return "its batched graph differs for sizes of 1, and before opset 9 no integer Less picks the graph as written"
+    result = onnx.ModelProto()
+    result.CopyFrom(batched)
+    outer = result.graph
+    names = {tensor.name: tensor for tensor in outer.initializer}
+    renamed: dict[str, str] = {}  # an initializer of the original whose name the batched graph gives another tensor
+    for tensor in original.graph.initializer:
+        if tensor.name not in names:
+            outer.initializer.append(tensor)
+        elif names[tensor.name].SerializeToString() != tensor.SerializeToString():
+            renamed[tensor.name] = f"alone/{tensor.name}"
+            outer.initializer.append(tensor)
+            outer.initializer[-1].name = renamed[tensor.name]
+    outputs = [info.name for info in outer.output]
+    alone = _branch("alone", original.graph.node, outputs, renamed, outer.output)
+    lowered = _branch("batched", outer.node, outputs, {}, outer.output)
+    sizes = _SizeReader(sources, "autobatch/below_two")
+    small = [sizes.node("Less", [sizes.read(symbol, scalar=True), sizes.constant(np.array(2), f"{sizes.prefix}/two/{k}")],
+                        f"{sizes.prefix}/{k}/small") for k, symbol in enumerate(sources)]
+    condition = small[0]
+    for k, other in enumerate(small[1:]):
+        condition = sizes.node("Or", [condition, other], f"{sizes.prefix}/any/{k}")
+    sizes.nodes.append(helper.make_node("If", [condition], outputs, name=AS_WRITTEN_BELOW_TWO,
+                                        then_branch=alone, else_branch=lowered))
+    del outer.node[:]
+    outer.node.extend(sizes.nodes)
+    outer.initializer.extend(sizes.constants)
+    known = {(o.domain, o.version) for o in result.opset_import}
+    result.opset_import.extend(o for o in original.opset_import if (o.domain, o.version) not in known)
+    result.functions.extend(f for f in original.functions if all(f.name != g.name for g in result.functions))
+    return result
+
+
+def _branch(prefix: str, nodes: Sequence[onnx.NodeProto], outputs: list[str], renamed: Mapping[str, str],
+            infos: Sequence[onnx.ValueInfoProto]) -> onnx.GraphProto:
+    """``nodes`` as an If branch giving ``outputs``: the values they make renamed ``prefix/...``
+    (a branch may not make a name the outer graph has), reads of renamed weights followed."""
+    made = {name for node in nodes for name in node.output if name}
+    new = {**renamed, **{name: f"{prefix}/{name}" for name in made}}
+    branch = onnx.GraphProto(name=prefix)
+    for node in nodes:
+        copy = branch.node.add()
+        copy.CopyFrom(node)
+        copy.input[:] = [new.get(name, name) for name in node.input]
+        copy.output[:] = [new.get(name, name) for name in node.output]
+    for name, info in zip(outputs, infos):
+        result = f"{prefix}/{name}"
+        if name not in made:  # an input or a weight given back as it is
+            branch.node.append(helper.make_node("Identity", [new.get(name, name)], [result]))
+        branch.output.append(helper.make_value_info(result, info.type))
+    return branch
 
 
 def _symbols_of_entries(tensor: onnx.TensorProto, values: Sequence[np.ndarray],
@@ -188,8 +257,9 @@ class _SizeReader:
     """The nodes that read each symbol's size from the inputs' shapes (from the first input that
     carries it), each once."""
 
-    def __init__(self, sources: Mapping[Symbol, list[tuple[str, int]]]) -> None:
+    def __init__(self, sources: Mapping[Symbol, list[tuple[str, int]]], prefix: str = "autobatch/sizes") -> None:
         self.sources = sources
+        self.prefix = prefix  # of the values made here
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[onnx.TensorProto] = []
         self.read_as: dict[tuple[Symbol, bool], str] = {}  # a symbol, as a scalar or a row of one: its value
@@ -198,7 +268,7 @@ class _SizeReader:
     def read(self, symbol: Symbol, scalar: bool) -> str:
         if (symbol, scalar) not in self.read_as:
             name, axis = self.sources[symbol][0]
-            key = f"autobatch/sizes/{len(self.read_as)}"
+            key = f"{self.prefix}/{len(self.read_as)}"
             at = self.constant(np.array(axis if scalar else [axis]), f"{key}/at")
             self.read_as[symbol, scalar] = self.node("Gather", [self.shape(name), at], key)
         return self.read_as[symbol, scalar]
@@ -209,7 +279,7 @@ class _SizeReader:
         check is added (as 0) to an input that the graph reads, so that no optimizer drops it
         (onnxruntime's folds a reshape's target built from the first input's shape, check and all)."""
         places = self.sources[symbol]
-        key = f"autobatch/agree/{len(self.shapes)}-{len(self.nodes)}"
+        key = f"{self.prefix}/agree/{len(self.shapes)}-{len(self.nodes)}"
         sizes = [self.node("Gather", [self.shape(name), self.constant(np.array([axis]), f"{key}/{k}/at")], f"{key}/{k}")
                  for k, (name, axis) in enumerate(places)]
         every = self.node("Concat", sizes, f"{key}/every", axis=0)
@@ -230,7 +300,7 @@ class _SizeReader:
 
     def shape(self, name: str) -> str:
         if name not in self.shapes:
-            self.shapes[name] = self.node("Shape", [name], f"autobatch/sizes/shape/{len(self.shapes)}")
+            self.shapes[name] = self.node("Shape", [name], f"{self.prefix}/shape/{len(self.shapes)}")
         return self.shapes[name]
 
     def node(self, op_type: str, inputs: list[str], output: str, **attributes: object) -> str:

@@ -32,7 +32,7 @@ from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.types import ValueType
 from autobatch.fallbacks import batched_else_alone, each_alone
 from autobatch.session import InferenceSession
-from autobatch.symbolic_sizes import batched_for_every_size
+from autobatch.symbolic_sizes import AS_WRITTEN_BELOW_TWO, batched_for_every_size
 from autobatch.typed_instances import plan_instances, typed_instance
 
 Print = Callable[[str], None]
@@ -223,6 +223,14 @@ def rewrite_model(source: str, target: str, scheduler: str, check: bool, out: Pr
     model = to_onnx(batched)
     onnx.save(model, target)
     result = RewriteResult(op_counts(graph), op_counts(batched))
+    below_two = [node for node in model.graph.node if node.name == AS_WRITTEN_BELOW_TWO]
+    if below_two:  # counted: the batched branch, and what picks it
+        branch = next(attribute.g for attribute in below_two[0].attribute if attribute.name == "else_branch")
+        picks = [node for node in model.graph.node if node.name != AS_WRITTEN_BELOW_TWO]
+        result.after = Counter(f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+                               for node in [*picks, *branch.node])
+        out("batched for every size of its symbolic dimensions of 2 or more; for sizes under 2 it runs the model as "
+            "written (an If)")
     out(f"{'op':<24}{'before':>8}{'after':>8}")
     for op in sorted(set(result.before) | set(result.after)):
         out(f"{op:<24}{result.before[op]:>8}{result.after[op]:>8}")

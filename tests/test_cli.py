@@ -82,14 +82,22 @@ def test_rewrite_batches_branches_of_a_symbolic_length(tmp_path: Path):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_rewrite_leaves_cells_whose_rows_of_one_batch_otherwise(tmp_path: Path):
-    """Batched for N = 1, the cells read their rows another way than for N >= 2: one graph for
-    every N is not there to be had, and the command says so."""
-    source, target = tmp_path / "cells.onnx", tmp_path / "same.onnx"
+def test_rewrite_of_cells_over_a_symbolic_number_of_rows_runs_rows_of_one_as_written(tmp_path: Path):
+    """Batched for N = 1, the cells read their rows another way than for N >= 2: the rewritten
+    model runs the batched graph where N >= 2 and the model as written below (an If)."""
+    source, target = tmp_path / "cells.onnx", tmp_path / "batched.onnx"
     onnx.save(lstm_copies_model(rows="N"), source)
     result = autobatch_cli("rewrite", str(source), "-o", str(target))
     assert result.returncode == 0, result.stderr
-    assert "not batched: its batched graph differs with the sizes of its symbolic dimensions" in result.stdout
+    assert "for sizes under 2 it runs the model as written" in result.stdout
+    before, after = onnx.load(source), onnx.load(target)
+    (choice,) = [node for node in after.graph.node if node.op_type == "If"]
+    batched = next(a.g for a in choice.attribute if a.name == "else_branch")
+    assert sum(node.op_type == "MatMul" for node in batched.node) == 2  # K copies -> one product each
+    for rows in (0, 1, 2, 7):
+        feeds = random_feeds(from_onnx(before), np.random.default_rng(rows), {"N": rows})
+        for want, got in zip(ort_run(before, feeds), ort_run(after, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_rewrite_check_runs_symbolic_dimensions_at_the_sizes_given(tmp_path: Path):
