@@ -4,10 +4,11 @@ rewrite`` of branches that share one symbolic length ``L``).
 The planner needs every shape, so the graph is batched once for each of a few trial sizes of its
 symbols (``TRIAL_SIZES``: 1 and 2, where a dimension of 1 broadcasts or squeezes, then larger
 ones). Where the lowered graphs are the same but for int64/int32 constants whose differing
-entries are, in every trial, the size of one symbol (a stacked ``[8, L, d]``, a reshape's
-``[L, -1, d]``), those entries are read from the inputs' shapes at run time (``Shape -> Gather
--> Concat``). Anything else that differs (an entry ``2L`` or ``L - 1``, a node, an attribute, a
-constant's length: rows of different lengths laid out by index arrays) means the batched graph is
+entries are, in every trial, ``a * size + b`` of one symbol (a stacked ``[8, L, d]``, a reshape's
+``[L, -1, d]``, a flattened ``[3L]``), those entries are computed from the inputs' shapes at run
+time (``Shape -> Gather [-> Mul -> Add] -> Concat``). Anything else that differs (an entry
+``L * L``, a node, an attribute, a constant's length: rows of different lengths laid out by index
+arrays) means the batched graph is
 specific to its sizes, and nothing is rewritten, unless only the trial of size 1 differs (K cells
 over ``N`` rows read a row of one as a whole value): then the model is ``If(a size < 2)`` the
 graph as written, else the batched one. Nor is a graph that computes values from shapes
@@ -19,6 +20,7 @@ where the original would have run each branch at its own length.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -30,6 +32,8 @@ from autobatch.ir.types import ValueType
 
 # A symbol: a dim_param's name, or (input, axis) for a dimension without one (its own symbol).
 Symbol = str | tuple[str, int]
+# An entry that follows a symbol: ``(symbol, a, b)`` is a times its size, plus b.
+Term = tuple[Symbol, int, int]
 
 # Sizes a symbol takes in each trial (a row a trial, a column a symbol): 1 and 2 for every
 # symbol, then sizes distinct across symbols and trials, so that a constant's entry that follows
@@ -116,7 +120,7 @@ def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequenc
         if ([n.SerializeToString() for n in model.graph.node] != [n.SerializeToString() for n in first.graph.node]
                 or [i.name for i in model.graph.initializer] != [i.name for i in first.graph.initializer]):
             return "its batched graph differs with the sizes of its symbolic dimensions (not only in shape constants)"
-    follow: dict[str, list[Symbol | None]] = {}  # a varying constant: each entry's symbol (None: fixed)
+    follow: dict[str, list[Term | None]] = {}  # a varying constant: each entry's term (None: fixed)
     for position, tensor in enumerate(first.graph.initializer):
         if all(model.graph.initializer[position].SerializeToString() == tensor.SerializeToString() for model in models):
             continue  # (compared as bytes: a NaN equals itself)
@@ -193,8 +197,9 @@ def _branch(prefix: str, nodes: Sequence[onnx.NodeProto], outputs: list[str], re
 
 
 def _symbols_of_entries(tensor: onnx.TensorProto, values: Sequence[np.ndarray],
-                        sizes: Sequence[Mapping[Symbol, int]]) -> list[Symbol | None] | str:
-    """For a constant that differs between trials, each entry's symbol (None where it is fixed)."""
+                        sizes: Sequence[Mapping[Symbol, int]]) -> list[Term | None] | str:
+    """For a constant that differs between trials, each entry as ``a * size + b`` of one symbol
+    (a flattened ``[3L]``), fitted to two trials and holding in every other (None: fixed)."""
     what = f"constant {tensor.name!r} of its batched graph changes with the sizes of its symbolic dimensions"
     if tensor.data_type not in SIZE_DTYPES:
         return f"{what}, and it is of {onnx.TensorProto.DataType.Name(tensor.data_type)}, not a size"
@@ -204,20 +209,30 @@ def _symbols_of_entries(tensor: onnx.TensorProto, values: Sequence[np.ndarray],
     if values[0].ndim > 1:
         return f"{what}, and it is of rank {values[0].ndim}, not a list of sizes"
     columns = np.stack([v.reshape(-1) for v in values])  # trial x entry
-    entries: list[Symbol | None] = []
+    entries: list[Term | None] = []
     for column in columns.T:
         if (column == column[0]).all():
             entries.append(None)
             continue
-        symbol = next((s for s in sizes[0] if all(int(c) == trial[s] for c, trial in zip(column, sizes))), None)
-        if symbol is None:
+        term = next((term for term in map(functools.partial(_affine, column, sizes), sizes[0]) if term), None)
+        if term is None:
             return (f"constant {tensor.name!r} of its batched graph holds an entry that follows its symbolic "
-                    f"dimensions but is none of them ({', '.join(map(str, column))} in the trials)")
-        entries.append(symbol)
+                    f"dimensions but is no a * size + b of one of them ({', '.join(map(str, column))} in the trials)")
+        entries.append(term)
     return entries
 
 
-def _read_sizes_at_run_time(graph: onnx.GraphProto, follow: Mapping[str, list[Symbol | None]],
+def _affine(column: np.ndarray, sizes: Sequence[Mapping[Symbol, int]], symbol: Symbol) -> Term | None:
+    """``(symbol, a, b)`` where the entries are ``a * size + b`` of the symbol in every trial."""
+    xs, ys = [trial[symbol] for trial in sizes], [int(c) for c in column]
+    if xs[-1] == xs[-2] or (ys[-1] - ys[-2]) % (xs[-1] - xs[-2]):
+        return None
+    a = (ys[-1] - ys[-2]) // (xs[-1] - xs[-2])
+    b = ys[-1] - a * xs[-1]
+    return (symbol, a, b) if a and all(y == a * x + b for x, y in zip(xs, ys)) else None
+
+
+def _read_sizes_at_run_time(graph: onnx.GraphProto, follow: Mapping[str, list[Term | None]],
                             sources: Mapping[Symbol, list[tuple[str, int]]], original: Graph) -> None:
     """Each varying constant made at the graph's start from the fixed entries and the input dims;
     the inputs that share a symbol checked to agree."""
@@ -234,12 +249,12 @@ def _read_sizes_at_run_time(graph: onnx.GraphProto, follow: Mapping[str, list[Sy
         array = numpy_helper.to_array(tensor)
         target = tensor.name if tensor.data_type == onnx.TensorProto.INT64 else f"{tensor.name}/int64"
         if array.ndim == 0:
-            sizes.node("Identity", [sizes.read(entries[0], scalar=True)], target)
+            sizes.node("Identity", [sizes.term(entries[0], scalar=True)], target)
         else:
             pieces = []
             for start, entry in enumerate(entries):
                 if entry is not None:
-                    pieces.append(sizes.read(entry, scalar=False))
+                    pieces.append(sizes.term(entry, scalar=False))
                 elif start == 0 or entries[start - 1] is not None:  # a run of fixed entries: one constant
                     end = next((k for k in range(start, len(entries)) if entries[k] is not None), len(entries))
                     pieces.append(sizes.constant(array[start:end].astype(np.int64), f"{tensor.name}/{start}"))
@@ -264,6 +279,7 @@ class _SizeReader:
         self.constants: list[onnx.TensorProto] = []
         self.read_as: dict[tuple[Symbol, bool], str] = {}  # a symbol, as a scalar or a row of one: its value
         self.shapes: dict[str, str] = {}  # an input: its Shape
+        self.made: dict[tuple[str, str], str] = {}  # a term's product and sum, once each
 
     def read(self, symbol: Symbol, scalar: bool) -> str:
         if (symbol, scalar) not in self.read_as:
@@ -272,6 +288,18 @@ class _SizeReader:
             at = self.constant(np.array(axis if scalar else [axis]), f"{key}/at")
             self.read_as[symbol, scalar] = self.node("Gather", [self.shape(name), at], key)
         return self.read_as[symbol, scalar]
+
+    def term(self, term: Term, scalar: bool) -> str:
+        """``a * size + b`` of the symbol, as a scalar or a row of one."""
+        symbol, a, b = term
+        value = self.read(symbol, scalar)
+        key = f"{value}/times/{a}/plus/{b}"
+        if a != 1 and (key, "a") not in self.made:
+            self.made[key, "a"] = self.node("Mul", [value, self.constant(np.array(a), f"{key}/a")], f"{key}/ax")
+        value = self.made.get((key, "a"), value)
+        if b and (key, "b") not in self.made:
+            self.made[key, "b"] = self.node("Add", [value, self.constant(np.array(b), f"{key}/b")], key)
+        return self.made.get((key, "b"), value)
 
     def check_agreement(self, symbol: Symbol, graph: onnx.GraphProto, original: Graph) -> None:
         """Every input that carries ``symbol`` of the same size at run time, else the run fails in

@@ -125,12 +125,33 @@ def branches(body: str, outputs: str, shared: str = "", count: int = 2) -> onnx.
                                    + shared + "\n" + "\n".join(body.format(k=k) for k in range(count)) + "\n}")
 
 
-def test_a_constant_of_thrice_the_length_is_not_taken_for_the_length():
-    """A flattened ``[3L]``: an entry that moves with L but is not L. Read as L, the flattened
-    rows would be cut short at every other length."""
-    reason = batched_graph(from_onnx(branches("f{k} = Flatten <axis = 0> (x{k})  y{k} = Relu(f{k})",
-                                              "float[1, M] y0, float[1, M] y1")))
-    assert isinstance(reason, str) and "follows its symbolic dimensions but is none of them (3, 6, 9, 87, 291" in reason
+def test_a_flattened_length_is_read_as_thrice_the_length():
+    """A flattened ``[3L]``: an entry 3L in every trial, computed from L at run time."""
+    model = branches("f{k} = Flatten <axis = 0> (x{k})  y{k} = Relu(f{k})", "float[1, M] y0, float[1, M] y1")
+    batched = to_onnx(batched_graph(from_onnx(model)))
+    assert "Mul" in {node.op_type for node in batched.graph.node}
+    for length in (0, 1, 2, 5, 40):
+        feeds = {f"x{k}": np.random.default_rng(length + k).standard_normal((length, 3)).astype(np.float32)
+                 for k in range(2)}
+        for name, want in run_model(model, feeds).items():
+            assert_same(run_model(batched, feeds)[name], want, what=f"{name} at length {length}")
+
+
+def test_entries_are_taken_only_as_a_times_one_symbols_size_plus_b():
+    """Over the trials' sizes of L and M: 3L - 1 is a term of L, M + 4 of M; L * L and L + M
+    are none, and an entry that only two trials could fit is not guessed."""
+    from autobatch.symbolic_sizes import TRIAL_SIZES, _symbols_of_entries
+
+    sizes = [dict(zip(["L", "M"], trial)) for trial in TRIAL_SIZES]
+    tensor = onnx.TensorProto(name="c", data_type=onnx.TensorProto.INT64)
+
+    def entries(*terms):
+        return _symbols_of_entries(tensor, [np.array([term(t["L"], t["M"]) for term in terms]) for t in sizes], sizes)
+
+    assert entries(lambda L, M: 3 * L - 1, lambda L, M: M + 4, lambda L, M: 7) == [("L", 3, -1), ("M", 1, 4), None]
+    for wrong in (lambda L, M: L * L, lambda L, M: L + M, lambda L, M: min(L, 29)):
+        reason = entries(wrong)
+        assert isinstance(reason, str) and "is no a * size + b of one of them (" in reason, reason
 
 
 @pytest.mark.parametrize("body", [
