@@ -28,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from autobatch.ir import Graph, to_onnx
+from autobatch.ir.nodes import subgraphs_of
 from autobatch.ir.types import ValueType
 
 # A symbol: a dim_param's name, or (input, axis) for a dimension without one (its own symbol).
@@ -71,15 +72,14 @@ def _shape_reader(graph: onnx.GraphProto) -> str | None:
     for node in graph.node:
         if node.op_type in SHAPE_READERS and not node.domain and node.input[0] not in constants:
             return f"{node.op_type} of {node.input[0]!r}"
-        for attribute in node.attribute:
-            for subgraph in [*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs]:
-                found = _shape_reader(subgraph)
-                if found is not None:
-                    return found
+        for subgraph in subgraphs_of(node):
+            found = _shape_reader(subgraph)
+            if found is not None:
+                return found
     return None
 
 
-def trial_types(graph: Graph, sources: Mapping[Symbol, tuple[str, int]], trial: int) -> dict[str, ValueType]:
+def trial_types(graph: Graph, sources: Mapping[Symbol, list[tuple[str, int]]], trial: int) -> dict[str, ValueType]:
     """The input types with each symbol bound to its size in this trial."""
     sizes = dict(zip(sources, TRIAL_SIZES[trial]))  # (an input's own symbol: its first place)
     types = {}
@@ -116,9 +116,9 @@ def batched_for_every_size(graph: Graph, batch: Callable[[Mapping[str, ValueType
 def _generalised(graph: Graph, models: Sequence[onnx.ModelProto], sizes: Sequence[Mapping[Symbol, int]],
                  sources: Mapping[Symbol, list[tuple[str, int]]]) -> onnx.ModelProto | str:
     first = models[0]
+    nodes, initializers = [n.SerializeToString() for n in first.graph.node], [i.name for i in first.graph.initializer]
     for model in models[1:]:
-        if ([n.SerializeToString() for n in model.graph.node] != [n.SerializeToString() for n in first.graph.node]
-                or [i.name for i in model.graph.initializer] != [i.name for i in first.graph.initializer]):
+        if [n.SerializeToString() for n in model.graph.node] != nodes or [i.name for i in model.graph.initializer] != initializers:
             return "its batched graph differs with the sizes of its symbolic dimensions (not only in shape constants)"
     follow: dict[str, list[Term | None]] = {}  # a varying constant: each entry's term (None: fixed)
     for position, tensor in enumerate(first.graph.initializer):
@@ -279,7 +279,7 @@ class _SizeReader:
         self.constants: list[onnx.TensorProto] = []
         self.read_as: dict[tuple[Symbol, bool], str] = {}  # a symbol, as a scalar or a row of one: its value
         self.shapes: dict[str, str] = {}  # an input: its Shape
-        self.made: dict[tuple[str, str], str] = {}  # a term's product and sum, once each
+        self.terms: dict[tuple[Term, bool], str] = {}  # a term, as a scalar or a row of one: its value
 
     def read(self, symbol: Symbol, scalar: bool) -> str:
         if (symbol, scalar) not in self.read_as:
@@ -291,15 +291,16 @@ class _SizeReader:
 
     def term(self, term: Term, scalar: bool) -> str:
         """``a * size + b`` of the symbol, as a scalar or a row of one."""
-        symbol, a, b = term
-        value = self.read(symbol, scalar)
-        key = f"{value}/times/{a}/plus/{b}"
-        if a != 1 and (key, "a") not in self.made:
-            self.made[key, "a"] = self.node("Mul", [value, self.constant(np.array(a), f"{key}/a")], f"{key}/ax")
-        value = self.made.get((key, "a"), value)
-        if b and (key, "b") not in self.made:
-            self.made[key, "b"] = self.node("Add", [value, self.constant(np.array(b), f"{key}/b")], key)
-        return self.made.get((key, "b"), value)
+        if (term, scalar) not in self.terms:
+            symbol, a, b = term
+            value = self.read(symbol, scalar)
+            key = f"{value}/times/{a}/plus/{b}"
+            if a != 1:
+                value = self.node("Mul", [value, self.constant(np.array(a), f"{key}/a")], f"{key}/ax")
+            if b:
+                value = self.node("Add", [value, self.constant(np.array(b), f"{key}/b")], key)
+            self.terms[term, scalar] = value
+        return self.terms[term, scalar]
 
     def check_agreement(self, symbol: Symbol, graph: onnx.GraphProto, original: Graph) -> None:
         """Every input that carries ``symbol`` of the same size at run time, else the run fails in

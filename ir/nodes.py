@@ -129,6 +129,15 @@ def schema_version(op_type: str, opset: int, domain: str) -> int | None:
         return None
 
 
+def subgraphs_of(node: onnx.NodeProto) -> Iterator[GraphProto]:
+    """The graphs an ONNX node's attributes hold (If's branches, a Loop's body), whatever their
+    declared type says: import checks read a hostile file's."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
 def captured_names(node: Node) -> set[str]:
     """Values a node's subgraph attributes read from the enclosing scope."""
     return captured_by(node.attributes.values())

@@ -19,6 +19,7 @@ from onnx import ModelProto, TensorProto, external_data_helper, helper
 
 from autobatch.ir.errors import OnnxImportError, ValidationError
 from autobatch.ir.graph import Graph
+from autobatch.ir.nodes import subgraphs_of
 from autobatch.ir.types import ValueType
 
 ModelSource = ModelProto | bytes | str | os.PathLike
@@ -71,9 +72,8 @@ def _check_loops(graph: onnx.GraphProto) -> None:
         if node.op_type == "Loop" and node.domain in ("", "ai.onnx") and not any(node.input[:2]):
             raise OnnxImportError(f"Loop {node.name or node.output[0]!r} has neither a trip count nor a condition: "
                                   "it would never end")
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                _check_loops(sub)
+        for sub in subgraphs_of(node):
+            _check_loops(sub)
 
 
 def _parse(data: bytes, what: str) -> ModelProto:
@@ -100,10 +100,10 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[TensorProto]:
         if attr.HasField("t"):
             yield attr.t
         yield from attr.tensors
-        for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-            yield from graph.initializer
-            for sub in graph.node:
-                yield from _node_tensors(sub)
+    for graph in subgraphs_of(node):
+        yield from graph.initializer
+        for sub in graph.node:
+            yield from _node_tensors(sub)
 
 
 def _check_tensor_sizes(model: ModelProto) -> None:
