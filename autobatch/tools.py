@@ -186,8 +186,9 @@ def _lowered(graph: Graph, types: Mapping[str, ValueType], scheduler: str) -> on
     model = lower_plan(plan, inputs, {f"i0/{name}": name for name in graph.inputs}, outputs, weights,
                        graph.opset_imports, graph.name)
     # Against the graph with what its input shapes decide folded: folding is not batching.
-    if compute_ops(from_onnx(model)) >= compute_ops(typed):
-        return f"batched, it would keep as many compute ops ({compute_ops(typed)})"
+    before = compute_ops(typed)
+    if compute_ops(from_onnx(model)) >= before:
+        return f"batched, it would keep as many compute ops ({before})"
     return model
 
 
