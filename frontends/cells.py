@@ -19,6 +19,7 @@ import onnx
 from onnx import FunctionProto, helper
 
 from autobatch.frontends.ops import _batch_of
+from autobatch.frontends.recorder import COMPILED, CellBase
 from autobatch.ir import Recent, ValueType, is_nondeterministic
 from autobatch.frontends.tensors import Parameter, PreparedCall, Tensor, TraceError, _current
 from autobatch.frontends.tracing import OPSET, Tracer
@@ -42,8 +43,9 @@ class TracedCell:
         self.types = [ValueType.tensor(d, s) for s, d in zip(self.shapes, self.dtypes)]
 
 
-class Cell:
-    """A function over tensors that runs as one node. Use as ``@autobatch.cell``."""
+class Cell(CellBase):  # type: ignore[misc,valid-type]
+    """A function over tensors that runs as one node. Use as ``@autobatch.cell``. A call is
+    ``_traced_call``, or its common case in C (``recorder.CellBase``) where that is built."""
 
     def __init__(self, fn: Callable[..., Any] | None, name: str | None = None) -> None:
         if fn is not None:
@@ -54,7 +56,8 @@ class Cell:
         self._trace_ids = itertools.count()  # never reused: a function's name stays its own after an eviction
         self._returns_tuple: bool | None = None
 
-    def __call__(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
+    def _traced_call(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
+        """The call, recorded as one node of the batch its tensors belong to."""
         batch = _batch_of(*args)
         tensors = []
         # Keyed by the entries' ids, which hash in C (a type's hash is Python code): the call
@@ -71,6 +74,9 @@ class Cell:
             call = batch.cell_calls[key] = self._prepare(batch, tensors, tuple([t.entry for t in tensors]))
         outputs = batch.record_call(call, tensors)
         return tuple(outputs) if self._returns_tuple else outputs[0]
+
+    if not COMPILED:
+        __call__ = _traced_call
 
     def _prepare(self, batch: Tracer, tensors: list[Tensor], entries: tuple) -> PreparedCall:
         """The cell traced for the operands' shapes and dtypes (once per cell), made known to

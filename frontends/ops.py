@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from autobatch.frontends import recorder
 from autobatch.frontends.tensors import Parameter, Tensor, TraceError, _current, attributes, current_batch
 from autobatch.frontends.tracing import Tracer
 
@@ -33,7 +34,7 @@ def _batch_of(*values: Any) -> Tracer:
     return batch
 
 
-def _tensors(op: str, *values: Operand) -> list[Tensor]:
+def _python_tensors(op: str, *values: Operand) -> list[Tensor]:
     """Operands as tensors of one batch; Python scalars take the dtype of the tensor operands."""
     first = values[0]
     if type(first) is Tensor:  # the common case, kept cheap: tensors and parameters of one batch and dtype
@@ -65,7 +66,8 @@ def _tensors(op: str, *values: Operand) -> list[Tensor]:
     return result
 
 
-def _elementwise(op_type: str, *values: Operand, attrs: dict | None = None, dtype: Any = None) -> Tensor:
+def _python_elementwise(op_type: str, *values: Operand) -> Tensor:
+    """An elementwise op of ONNX's domain over ``values`` (broadcast), with no attributes."""
     inputs = _tensors(op_type, *values)
     shape = inputs[0].shape
     for t in inputs:  # a loop, not any(): a generator costs every traced op more than the test
@@ -75,8 +77,14 @@ def _elementwise(op_type: str, *values: Operand, attrs: dict | None = None, dtyp
             except ValueError:
                 raise TraceError(f"{op_type}: shapes {[t.shape for t in inputs]} do not broadcast") from None
             break
-    batch = inputs[0].batch
-    return batch.record_one(op_type, inputs, shape, dtype or inputs[0].dtype, attrs)
+    return inputs[0].batch.record_one(op_type, inputs, shape, inputs[0].dtype)
+
+
+if recorder.compiled:  # their common cases in C (tensors of one batch, dtype and shape), the rest as above
+    recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors)
+    _tensors, _elementwise = recorder.compiled.operands, recorder.compiled.elementwise
+else:
+    _tensors, _elementwise = _python_tensors, _python_elementwise
 
 
 # ----------------------------------------------------------------------------- elementwise

@@ -14,6 +14,7 @@ import numpy as np
 from onnx import AttributeProto, helper
 
 from autobatch.ir import ValueType
+from autobatch.frontends.recorder import TensorBase, configure_records
 
 if TYPE_CHECKING:
     from autobatch.frontends.tracing import Tracer
@@ -40,17 +41,17 @@ def attributes(**values: Any) -> dict[str, AttributeProto]:
     return {name: helper.make_attribute(name, list(v) if isinstance(v, tuple) else v) for name, v in values.items()}
 
 
-class Tensor:
+class Tensor(TensorBase):  # type: ignore[misc,valid-type]
     """A value in a batch: its shape and dtype are known when it is traced, its contents
     when the batch has run.
 
     ``entry`` is what the value contributes to the signature of an op reading it: its name
     when every instance shares it (a parameter), else its type. ``producer`` is the index of
     the record computing it while it is pending (-1 for none: an argument of a traced cell).
-    Tracing's hot paths (``Tracer.record_one``, ``Tracer._append``) set these slots themselves,
-    without ``__init__``: a slot added here is added there too."""
+    Its fields are ``recorder.TensorBase``'s (the hot paths there make tensors without
+    ``__init__``): a field added here is added there, in Python and in C."""
 
-    __slots__ = ("batch", "name", "shape", "dtype", "value", "entry", "producer", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, batch: Tracer, name: str, shape: tuple[int, ...], dtype: np.dtype,
                  value: np.ndarray | None = None, entry: str | ValueType | None = None, producer: int = -1) -> None:
@@ -141,3 +142,6 @@ class PreparedCall:
 @functools.lru_cache(maxsize=65536)
 def tensor_type(dtype: np.dtype, shape: tuple[int, ...]) -> ValueType:
     return ValueType.tensor(dtype, shape)
+
+
+configure_records(Tensor, NO_ATTRIBUTES, tensor_type)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,17 +21,17 @@ from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
 from autobatch.ir.random_ops import MAYBE_NONDETERMINISTIC
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
-from autobatch.ir.records import FOLD_DOMAIN, Record, new_record
+from autobatch.ir.records import FOLD_DOMAIN, Record
+from autobatch.frontends.recorder import RecorderBase
 from autobatch.frontends.tensors import NO_ATTRIBUTES, Parameter, PreparedCall, Tensor, TraceError, _current, tensor_type
 
 OPSET = {"": 18}
 
 
 DISCARDED = -2  # the producer of a pending tensor whose record was discarded
-_new_tensor = object.__new__
 
 
-class Tracer:
+class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
     """Traces many instances into records; what runs them is its subclass's (``autobatch.Batch``:
     planned, batched and run on a backend). Nothing runs until a value is needed, and then
     everything pending runs at once (``run_pending``).
@@ -66,7 +66,7 @@ class Tracer:
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
         self.cell_parameters: dict[str, list[str]] = {}  # cell function -> its parameters' values here
         self.cell_calls: dict[tuple, PreparedCall] = {}  # (cell, operand entries) -> what its calls record
-        self.reuse_calls = reuse_calls
+        self.reuse_calls = bool(reuse_calls)
         self.reused_calls = 0
         self._calls: dict[tuple, int] = {}  # a pending deterministic call (its op and operands) -> its record
 
@@ -198,96 +198,6 @@ class Tracer:
         entries = tuple([tensor.entry if tensor is not None else MISSING for tensor in inputs])
         return self._append(op_type, domain, self._reads(inputs), names, attributes, shapes, dtypes, types, entries,
                             (domain, op_type, attributes_id, entries), seen)
-
-    def record_one(self, op_type: str, inputs: Sequence[Tensor], shape: tuple[int, ...], dtype: np.dtype,
-                   attrs: dict[str, AttributeProto] | None = None) -> Tensor:
-        """``record`` of the common op, with the least work a traced op can cost: ONNX's own
-        domain, deterministic (not in ``MAYBE_NONDETERMINISTIC``), every input given, one output."""
-        attributes = attrs or NO_ATTRIBUTES
-        attributes_id = id(attributes)
-        names = []
-        preds = []
-        entries = []
-        for tensor in inputs:  # ``_operands``, inlined: a call of it costs every traced op 0.1-0.2 us
-            names.append(tensor.name)
-            entries.append(tensor.entry)
-            if tensor.value is None:
-                if tensor.producer >= 0:
-                    preds.append(tensor.producer)
-                else:
-                    self._reads((tensor,))
-            elif type(tensor.entry) is not str:
-                self._literals[tensor.name] = tensor.value
-        vtype = tensor_type(dtype, shape)
-        seen = None
-        if self.reuse_calls:
-            seen = (op_type, "", attributes_id, *names)  # as ``record`` makes it: either may reuse the other's
-            if seen in self._calls:
-                return self._outputs_again(seen, (shape,), (dtype,), [vtype])[0]
-        entries = tuple(entries)
-        index = len(self._records)
-        if seen is not None:
-            self._calls[seen] = index
-        tensor = _new_tensor(Tensor)  # its slots set here: a call of ``__init__`` costs more than they do
-        tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
-        tensor.value, tensor.entry, tensor.producer = None, vtype, index
-        self._pending.append(weakref.ref(tensor))
-        self._records.append(new_record(Record, (op_type, "", names, [tensor.name], attributes, [vtype], entries,
-                                                 ("", op_type, attributes_id, entries), preds, self._instance, ())))
-        return tensor
-
-    def record_call(self, call: PreparedCall, inputs: Sequence[Tensor]) -> list[Tensor]:
-        """Append a call whose signature was worked out once (a cell's, for these kinds of
-        operands in this batch); its shared values are read after ``inputs``."""
-        names, preds = self._operands(inputs)
-        seen = None
-        if call.repeatable and self.reuse_calls:
-            seen = (call, *names)
-            if seen in self._calls:
-                return self._outputs_again(seen, call.shapes, call.dtypes, call.types)
-        names += call.shared
-        return self._append(call.op_type, call.domain, preds, names, NO_ATTRIBUTES, call.shapes, call.dtypes,
-                            call.types, call.entries, call, seen)
-
-    def _append(self, op_type: str, domain: str, preds: list[int], names: list[str],
-                attributes: dict[str, AttributeProto], shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-                types: list[ValueType], entries: tuple, key: Hashable, seen: tuple | None) -> list[Tensor]:
-        """An op of any kind, reading the records ``preds`` (``_reads``); ``seen``: the call as
-        ``reuse_calls`` knows it (None: not reused). Its outputs are made without
-        ``Tensor.__init__`` (as ``record_one``'s): this runs for every cell call."""
-        index = len(self._records)
-        tensors, outputs = [], []
-        pending = self._pending
-        for shape, dtype, vtype in zip(shapes, dtypes, types):
-            tensor = _new_tensor(Tensor)
-            tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
-            tensor.value, tensor.entry, tensor.producer = None, vtype, index
-            tensors.append(tensor)
-            outputs.append(tensor.name)
-            pending.append(weakref.ref(tensor))
-        if seen is not None:
-            self._calls[seen] = index
-        self._records.append(new_record(Record, (op_type, domain, names, outputs, attributes, types, entries, key, preds,
-                                                 self._instance, ())))
-        return tensors
-
-    def _operands(self, inputs: Sequence[Tensor]) -> tuple[list[str], list[int]]:
-        """The names of a record's operands (every one given) and the records it reads (as
-        ``_reads``), in one loop: this runs for every cell call (``record_one`` has it inlined,
-        with the entries). A reused call's literals are known already: registering them again
-        does no harm."""
-        names = []
-        preds = []
-        for tensor in inputs:
-            names.append(tensor.name)
-            if tensor.value is None:
-                if tensor.producer >= 0:
-                    preds.append(tensor.producer)
-                else:
-                    self._reads((tensor,))  # an argument of a traced cell, or discarded (which raises)
-            elif type(tensor.entry) is not str:
-                self._literals[tensor.name] = tensor.value
-        return names, preds
 
     def _reads(self, inputs: Sequence[Tensor | None]) -> list[int]:
         """The records that a new record reads (one read twice is listed twice: the planner

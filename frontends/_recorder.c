@@ -1,0 +1,770 @@
+/* The compiled hot path of tracing (issue 19): what every traced op and cell call runs.
+
+   frontends/recorder.py holds the same classes in Python, which run where this does not build
+   (no compiler) or when AUTOBATCH_PURE_PYTHON is set; both are tested. Each function here
+   says which Python function it is. Anything out of the common case (broadcasting, a Python
+   scalar operand, a tensor of another batch, a value not known yet that no record computes)
+   is handed to the Python code, so the two cannot disagree on it.
+
+   TensorBase: a traced value's fields (the Python `Tensor` subclasses it, adding methods).
+   RecorderBase: the records a `Tracer` appends to, and `record_one`, `record_call`, `_append`.
+   elementwise(op_type, *operands): `ops._elementwise` for tensors of one batch, dtype and shape. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ------------------------------------------------------------------ configured from Python */
+static PyObject *tensor_class;      /* frontends.tensors.Tensor (a subclass of TensorBase) */
+static PyObject *record_class;      /* ir.records.Record (a named tuple) */
+static PyObject *no_attributes;     /* tensors.NO_ATTRIBUTES */
+static PyObject *tensor_type;       /* tensors.tensor_type(dtype, shape) -> ValueType */
+static PyObject *parameter_class;   /* tensors.Parameter */
+static PyObject *current_batch_var; /* tensors._current (a ContextVar) */
+static PyObject *elementwise_python; /* ops._python_elementwise: everything but the common case */
+static PyObject *tensors_python;    /* ops._python_tensors: likewise */
+
+static PyObject *empty_string, *empty_tuple;
+static PyObject *str_reads, *str_outputs_again, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
+    *str_returns_tuple;
+static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
+    *str_entries;
+
+/* ------------------------------------------------------------------ TensorBase */
+typedef struct {
+    PyObject_HEAD
+    PyObject *batch, *name, *shape, *dtype, *value, *entry;
+    Py_ssize_t producer;
+    PyObject *weakrefs;
+} TensorObject;
+
+static PyTypeObject TensorBaseType;
+
+static int tensor_traverse(TensorObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->batch);
+    Py_VISIT(self->name);
+    Py_VISIT(self->shape);
+    Py_VISIT(self->dtype);
+    Py_VISIT(self->value);
+    Py_VISIT(self->entry);
+    return 0;
+}
+
+static int tensor_clear(TensorObject *self) {
+    Py_CLEAR(self->batch);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->shape);
+    Py_CLEAR(self->dtype);
+    Py_CLEAR(self->value);
+    Py_CLEAR(self->entry);
+    return 0;
+}
+
+static void tensor_dealloc(TensorObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+    tensor_clear(self);
+    type->tp_free((PyObject *)self);  /* a Python subclass's own dealloc releases its type */
+}
+
+static PyMemberDef tensor_members[] = {
+    {"batch", T_OBJECT_EX, offsetof(TensorObject, batch), 0, NULL},
+    {"name", T_OBJECT_EX, offsetof(TensorObject, name), 0, NULL},
+    {"shape", T_OBJECT_EX, offsetof(TensorObject, shape), 0, NULL},
+    {"dtype", T_OBJECT_EX, offsetof(TensorObject, dtype), 0, NULL},
+    {"value", T_OBJECT_EX, offsetof(TensorObject, value), 0, NULL},
+    {"entry", T_OBJECT_EX, offsetof(TensorObject, entry), 0, NULL},
+    {"producer", T_PYSSIZET, offsetof(TensorObject, producer), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject TensorBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "autobatch.frontends._recorder.TensorBase",
+    .tp_basicsize = sizeof(TensorObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A traced value's fields (frontends.tensors.Tensor adds its methods).",
+    .tp_traverse = (traverseproc)tensor_traverse,
+    .tp_clear = (inquiry)tensor_clear,
+    .tp_dealloc = (destructor)tensor_dealloc,
+    .tp_weaklistoffset = offsetof(TensorObject, weakrefs),
+    .tp_members = tensor_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------ RecorderBase */
+typedef struct {
+    PyObject_HEAD
+    PyObject *records, *pending, *literals, *calls, *names;
+    Py_ssize_t instance;
+    char reuse_calls;
+} RecorderObject;
+
+static PyTypeObject RecorderBaseType;
+
+static int recorder_traverse(RecorderObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->records);
+    Py_VISIT(self->pending);
+    Py_VISIT(self->literals);
+    Py_VISIT(self->calls);
+    Py_VISIT(self->names);
+    return 0;
+}
+
+static int recorder_clear(RecorderObject *self) {
+    Py_CLEAR(self->records);
+    Py_CLEAR(self->pending);
+    Py_CLEAR(self->literals);
+    Py_CLEAR(self->calls);
+    Py_CLEAR(self->names);
+    return 0;
+}
+
+static void recorder_dealloc(RecorderObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    type->tp_free((PyObject *)self);  /* a Python subclass's own dealloc releases its type */
+}
+
+static int configured(void) {
+    if (tensor_class == NULL || record_class == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_records()");
+        return 0;
+    }
+    return 1;
+}
+
+static int recorder_ready(RecorderObject *self) {
+    if (!configured()) return 0;
+    if (self->records == NULL || self->pending == NULL || self->literals == NULL || self->calls == NULL
+        || self->names == NULL || !PyList_Check(self->records) || !PyList_Check(self->pending)
+        || !PyDict_Check(self->literals) || !PyDict_Check(self->calls)) {
+        PyErr_SetString(PyExc_RuntimeError, "RecorderBase: _records, _pending, _literals, _calls and _names "
+                                            "are set by Tracer.__init__");
+        return 0;
+    }
+    return 1;
+}
+
+/* A new pending tensor named t<n> (n from the tracer's counter), output of record ``index``; a
+   weak reference to it joins the pending list (``Tracer.run_pending`` runs what is still held). */
+static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dtype, PyObject *vtype,
+                            Py_ssize_t index) {
+    PyObject *number = PyIter_Next(self->names);
+    if (number == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the tracer's name counter ended");
+        return NULL;
+    }
+    PyObject *name = PyUnicode_FromFormat("t%S", number);
+    Py_DECREF(number);
+    if (name == NULL) return NULL;
+    PyTypeObject *type = (PyTypeObject *)tensor_class;
+    TensorObject *tensor = (TensorObject *)type->tp_alloc(type, 0);
+    if (tensor == NULL) {
+        Py_DECREF(name);
+        return NULL;
+    }
+    tensor->batch = Py_NewRef((PyObject *)self);
+    tensor->name = name;
+    tensor->shape = Py_NewRef(shape);
+    tensor->dtype = Py_NewRef(dtype);
+    tensor->value = Py_NewRef(Py_None);
+    tensor->entry = Py_NewRef(vtype);
+    tensor->producer = index;
+    PyObject *ref = PyWeakref_NewRef((PyObject *)tensor, NULL);
+    if (ref == NULL || PyList_Append(self->pending, ref) < 0) {
+        Py_XDECREF(ref);
+        Py_DECREF(tensor);
+        return NULL;
+    }
+    Py_DECREF(ref);
+    return (PyObject *)tensor;
+}
+
+/* Record(op_type, domain, inputs, outputs, attributes, types, entries, key, preds, instance, ()),
+   stealing the references given (NULL ones make it fail after releasing the rest). */
+static PyObject *new_record(RecorderObject *self, PyObject *op_type, PyObject *domain, PyObject *inputs,
+                            PyObject *outputs, PyObject *attributes, PyObject *types, PyObject *entries,
+                            PyObject *key, PyObject *preds) {
+    PyObject *fields[11] = {op_type, domain, inputs, outputs, attributes, types, entries, key, preds,
+                            PyLong_FromSsize_t(self->instance), Py_NewRef(empty_tuple)};
+    int k, missing = 0;
+    for (k = 0; k < 11; k++) missing |= fields[k] == NULL;
+    PyObject *plain = missing ? NULL : PyTuple_New(11);
+    if (plain == NULL) {
+        for (k = 0; k < 11; k++) Py_XDECREF(fields[k]);
+        return NULL;
+    }
+    for (k = 0; k < 11; k++) PyTuple_SET_ITEM(plain, k, fields[k]);
+    /* tuple.__new__(Record, plain): the subclass made as tuple makes it (a hash cache, where a
+       version has one, starts unset) */
+    PyObject *args = PyTuple_Pack(1, plain);
+    Py_DECREF(plain);
+    if (args == NULL) return NULL;
+    PyObject *record = PyTuple_Type.tp_new((PyTypeObject *)record_class, args, NULL);
+    Py_DECREF(args);
+    return record;
+}
+
+/* [item] (a new list holding a new reference to ``item``), or NULL */
+static PyObject *list_of_one(PyObject *item) {
+    PyObject *list = PyList_New(1);
+    if (list != NULL) PyList_SET_ITEM(list, 0, Py_NewRef(item));
+    return list;
+}
+
+static int is_tensor(PyObject *value) {
+    if (PyObject_TypeCheck(value, &TensorBaseType)) return 1;
+    PyErr_Format(PyExc_TypeError, "a traced op's operands must be tensors, got %.100s", Py_TYPE(value)->tp_name);
+    return 0;
+}
+
+/* ``Tracer._operands``: the names of a record's operands, the records it reads (appended to
+   ``preds``) and, when ``entries`` is given, their entries; known per-instance values become
+   the batch's literals. New references in *names. */
+static int read_operands(RecorderObject *self, PyObject *inputs, PyObject **names, PyObject *preds,
+                         PyObject **entries) {
+    PyObject *seq = PySequence_Fast(inputs, "a traced op's inputs must be a sequence of tensors");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    *names = PyList_New(n);
+    if (entries != NULL) *entries = PyTuple_New(n);
+    if (*names == NULL || (entries != NULL && *entries == NULL)) goto error;
+    for (i = 0; i < n; i++) {
+        if (!is_tensor(items[i])) goto error;
+        TensorObject *tensor = (TensorObject *)items[i];
+        if (tensor->name == NULL || tensor->entry == NULL || tensor->value == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "a traced op's operand has no name, entry or value set");
+            goto error;
+        }
+        PyList_SET_ITEM(*names, i, Py_NewRef(tensor->name));
+        if (entries != NULL) PyTuple_SET_ITEM(*entries, i, Py_NewRef(tensor->entry));
+        if (tensor->value == Py_None) {
+            if (tensor->producer >= 0) {
+                PyObject *producer = PyLong_FromSsize_t(tensor->producer);
+                int failed = producer == NULL || PyList_Append(preds, producer) < 0;
+                Py_XDECREF(producer);
+                if (failed) goto error;
+            } else {  /* an argument of a traced cell, or discarded (which raises): Python's ``_reads`` */
+                PyObject *one = PyTuple_Pack(1, (PyObject *)tensor);
+                PyObject *read = one == NULL ? NULL : PyObject_CallMethodOneArg((PyObject *)self, str_reads, one);
+                Py_XDECREF(one);
+                if (read == NULL) goto error;
+                Py_DECREF(read);
+            }
+        } else if (!PyUnicode_CheckExact(tensor->entry)) {  /* per-instance data, not a shared value */
+            if (PyDict_SetItem(self->literals, tensor->name, tensor->value) < 0) goto error;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+error:
+    Py_DECREF(seq);
+    Py_CLEAR(*names);
+    if (entries != NULL) Py_CLEAR(*entries);
+    return -1;
+}
+
+/* ``(*head, *names)`` as a tuple: the call as ``reuse_calls`` knows it. */
+static PyObject *seen_key(PyObject *const *head, Py_ssize_t heads, PyObject *names) {
+    Py_ssize_t n = PyList_GET_SIZE(names), k;
+    PyObject *seen = PyTuple_New(heads + n);
+    if (seen == NULL) return NULL;
+    for (k = 0; k < heads; k++) PyTuple_SET_ITEM(seen, k, Py_NewRef(head[k]));
+    for (k = 0; k < n; k++) PyTuple_SET_ITEM(seen, heads + k, Py_NewRef(PyList_GET_ITEM(names, k)));
+    return seen;
+}
+
+/* ``Tracer._outputs_again`` (Python): the outputs of a pending call seen before. */
+static PyObject *outputs_again(RecorderObject *self, PyObject *seen, PyObject *shapes, PyObject *dtypes,
+                               PyObject *types) {
+    PyObject *args[] = {(PyObject *)self, seen, shapes, dtypes, types};
+    return PyObject_VectorcallMethod(str_outputs_again, args, 5, NULL);
+}
+
+/* The common op's record: ONNX's domain, deterministic, every input given, one output.
+   ``attributes``: a borrowed dict (NO_ATTRIBUTES for none). */
+static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shape,
+                               PyObject *dtype, PyObject *attributes) {
+    PyObject *names = NULL, *entries = NULL, *vtype = NULL, *seen = NULL, *attributes_id = NULL;
+    PyObject *preds = PyList_New(0), *result = NULL;
+    if (preds == NULL || read_operands(self, inputs, &names, preds, &entries) < 0) goto done;
+    PyObject *type_args[] = {dtype, shape};
+    vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
+    attributes_id = PyLong_FromVoidPtr(attributes);  /* id(): alive while the record is */
+    if (vtype == NULL || attributes_id == NULL) goto done;
+    if (self->reuse_calls) {  /* as ``Tracer.record`` makes it: either may reuse the other's */
+        PyObject *head[] = {op_type, empty_string, attributes_id};
+        seen = seen_key(head, 3, names);
+        if (seen == NULL) goto done;
+        int known = PyDict_Contains(self->calls, seen);
+        if (known < 0) goto done;
+        if (known) {
+            PyObject *shapes = PyTuple_Pack(1, shape), *dtypes = PyTuple_Pack(1, dtype), *types = PyList_New(1);
+            if (shapes != NULL && dtypes != NULL && types != NULL) {
+                PyList_SET_ITEM(types, 0, Py_NewRef(vtype));
+                PyObject *again = outputs_again(self, seen, shapes, dtypes, types);
+                if (again != NULL) {
+                    result = PySequence_GetItem(again, 0);
+                    Py_DECREF(again);
+                }
+            }
+            Py_XDECREF(shapes);
+            Py_XDECREF(dtypes);
+            Py_XDECREF(types);
+            goto done;
+        }
+    }
+    Py_ssize_t index = PyList_GET_SIZE(self->records);
+    if (seen != NULL) {
+        PyObject *at = PyLong_FromSsize_t(index);
+        int failed = at == NULL || PyDict_SetItem(self->calls, seen, at) < 0;
+        Py_XDECREF(at);
+        if (failed) goto done;
+    }
+    PyObject *tensor = new_output(self, shape, dtype, vtype, index);
+    if (tensor == NULL) goto done;
+    PyObject *record = new_record(self, Py_NewRef(op_type), Py_NewRef(empty_string), Py_NewRef(names),
+                                  list_of_one(((TensorObject *)tensor)->name), Py_NewRef(attributes),
+                                  list_of_one(vtype), Py_NewRef(entries),
+                                  PyTuple_Pack(4, empty_string, op_type, attributes_id, entries), Py_NewRef(preds));
+    if (record == NULL || PyList_Append(self->records, record) < 0) {
+        Py_XDECREF(record);
+        Py_DECREF(tensor);
+        goto done;
+    }
+    Py_DECREF(record);
+    result = tensor;
+done:
+    Py_XDECREF(preds);
+    Py_XDECREF(names);
+    Py_XDECREF(entries);
+    Py_XDECREF(vtype);
+    Py_XDECREF(seen);
+    Py_XDECREF(attributes_id);
+    return result;
+}
+
+static PyObject *attributes_or_none(PyObject *attrs) {
+    if (attrs == Py_None) return no_attributes;
+    int truth = PyObject_IsTrue(attrs);
+    return truth < 0 ? NULL : truth ? attrs : no_attributes;
+}
+
+/* Tracer.record_one(op_type, inputs, shape, dtype, attrs=None) */
+static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "record_one(op_type, inputs, shape, dtype, attrs=None)");
+        return NULL;
+    }
+    if (!recorder_ready(self)) return NULL;
+    PyObject *attributes = attributes_or_none(nargs == 5 ? args[4] : Py_None);
+    if (attributes == NULL) return NULL;
+    return do_record_one(self, args[0], args[1], args[2], args[3], attributes);
+}
+
+/* Tracer._append(op_type, domain, preds, names, attributes, shapes, dtypes, types, entries, key, seen):
+   an op of any kind; its outputs as a list of new tensors. */
+static PyObject *do_append(RecorderObject *self, PyObject *op_type, PyObject *domain, PyObject *preds,
+                           PyObject *names, PyObject *attributes, PyObject *shapes, PyObject *dtypes,
+                           PyObject *types, PyObject *entries, PyObject *key, PyObject *seen) {
+    PyObject *shape_seq = PySequence_Fast(shapes, "shapes must be a sequence");
+    PyObject *dtype_seq = shape_seq == NULL ? NULL : PySequence_Fast(dtypes, "dtypes must be a sequence");
+    PyObject *type_seq = dtype_seq == NULL ? NULL : PySequence_Fast(types, "types must be a sequence");
+    PyObject *tensors = NULL, *outputs = NULL, *result = NULL;
+    if (type_seq == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(shape_seq), k;
+    if (PySequence_Fast_GET_SIZE(dtype_seq) < n) n = PySequence_Fast_GET_SIZE(dtype_seq);
+    if (PySequence_Fast_GET_SIZE(type_seq) < n) n = PySequence_Fast_GET_SIZE(type_seq);  /* zip() */
+    Py_ssize_t index = PyList_GET_SIZE(self->records);
+    tensors = PyList_New(n);
+    outputs = PyList_New(n);
+    if (tensors == NULL || outputs == NULL) goto done;
+    for (k = 0; k < n; k++) {
+        PyObject *tensor = new_output(self, PySequence_Fast_GET_ITEM(shape_seq, k),
+                                      PySequence_Fast_GET_ITEM(dtype_seq, k), PySequence_Fast_GET_ITEM(type_seq, k),
+                                      index);
+        if (tensor == NULL) goto done;
+        PyList_SET_ITEM(outputs, k, Py_NewRef(((TensorObject *)tensor)->name));
+        PyList_SET_ITEM(tensors, k, tensor);
+    }
+    if (seen != Py_None) {
+        PyObject *at = PyLong_FromSsize_t(index);
+        int failed = at == NULL || PyDict_SetItem(self->calls, seen, at) < 0;
+        Py_XDECREF(at);
+        if (failed) goto done;
+    }
+    PyObject *record = new_record(self, Py_NewRef(op_type), Py_NewRef(domain), Py_NewRef(names),
+                                  Py_NewRef(outputs), Py_NewRef(attributes), Py_NewRef(types), Py_NewRef(entries),
+                                  Py_NewRef(key), Py_NewRef(preds));
+    if (record == NULL || PyList_Append(self->records, record) < 0) {
+        Py_XDECREF(record);
+        goto done;
+    }
+    Py_DECREF(record);
+    result = Py_NewRef(tensors);
+done:
+    Py_XDECREF(shape_seq);
+    Py_XDECREF(dtype_seq);
+    Py_XDECREF(type_seq);
+    Py_XDECREF(tensors);
+    Py_XDECREF(outputs);
+    return result;
+}
+
+static PyObject *recorder_append(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "_append(op_type, domain, preds, names, attributes, shapes, dtypes, types, "
+                                         "entries, key, seen)");
+        return NULL;
+    }
+    if (!recorder_ready(self)) return NULL;
+    return do_append(self, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], args[9],
+                     args[10]);
+}
+
+/* Tracer.record_call(call, inputs): a call whose signature was worked out once (PreparedCall). */
+static PyObject *do_record_call(RecorderObject *self, PyObject *call, PyObject *inputs) {
+    PyObject *names = NULL, *seen = NULL, *result = NULL;
+    PyObject *fields[8] = {NULL};  /* repeatable, shapes, dtypes, types, shared, op_type, domain, entries */
+    PyObject *field_names[8] = {str_repeatable, str_shapes, str_dtypes, str_types, str_shared, str_op_type,
+                                str_domain, str_entries};
+    PyObject *preds = PyList_New(0);
+    int k;
+    if (preds == NULL) return NULL;
+    for (k = 0; k < 8; k++)
+        if ((fields[k] = PyObject_GetAttr(call, field_names[k])) == NULL) goto done;
+    if (read_operands(self, inputs, &names, preds, NULL) < 0) goto done;
+    int repeatable = PyObject_IsTrue(fields[0]);
+    if (repeatable < 0) goto done;
+    if (repeatable && self->reuse_calls) {
+        seen = seen_key(&call, 1, names);
+        if (seen == NULL) goto done;
+        int known = PyDict_Contains(self->calls, seen);
+        if (known < 0) goto done;
+        if (known) {
+            result = outputs_again(self, seen, fields[1], fields[2], fields[3]);
+            goto done;
+        }
+    }
+    PyObject *extended = PySequence_InPlaceConcat(names, fields[4]);  /* names += call.shared */
+    if (extended == NULL) goto done;
+    Py_DECREF(extended);
+    result = do_append(self, fields[5], fields[6], preds, names, no_attributes, fields[1], fields[2], fields[3],
+                       fields[7], call, seen != NULL ? seen : Py_None);
+done:
+    for (k = 0; k < 8; k++) Py_XDECREF(fields[k]);
+    Py_XDECREF(preds);
+    Py_XDECREF(names);
+    Py_XDECREF(seen);
+    return result;
+}
+
+static PyObject *recorder_record_call(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "record_call(call, inputs)");
+        return NULL;
+    }
+    if (!recorder_ready(self)) return NULL;
+    return do_record_call(self, args[0], args[1]);
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"record_one", (PyCFunction)(void (*)(void))recorder_record_one, METH_FASTCALL,
+     "record_one(op_type, inputs, shape, dtype, attrs=None): the common op's record; its output tensor."},
+    {"record_call", (PyCFunction)(void (*)(void))recorder_record_call, METH_FASTCALL,
+     "record_call(call, inputs): a call whose signature was worked out once; its output tensors."},
+    {"_append", (PyCFunction)(void (*)(void))recorder_append, METH_FASTCALL,
+     "_append(op_type, domain, preds, names, attributes, shapes, dtypes, types, entries, key, seen)."},
+    {NULL},
+};
+
+static PyMemberDef recorder_members[] = {
+    {"_records", T_OBJECT_EX, offsetof(RecorderObject, records), 0, NULL},
+    {"_pending", T_OBJECT_EX, offsetof(RecorderObject, pending), 0, NULL},
+    {"_literals", T_OBJECT_EX, offsetof(RecorderObject, literals), 0, NULL},
+    {"_calls", T_OBJECT_EX, offsetof(RecorderObject, calls), 0, NULL},
+    {"_names", T_OBJECT_EX, offsetof(RecorderObject, names), 0, NULL},
+    {"_instance", T_PYSSIZET, offsetof(RecorderObject, instance), 0, NULL},
+    {"reuse_calls", T_BOOL, offsetof(RecorderObject, reuse_calls), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject RecorderBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "autobatch.frontends._recorder.RecorderBase",
+    .tp_basicsize = sizeof(RecorderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "What a Tracer records into, and its hot paths (frontends.recorder.PyRecorderBase in Python).",
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_methods = recorder_methods,
+    .tp_members = recorder_members,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------ operands of ops */
+/* ``ops._tensors``' common case: every value a Tensor of one batch (or a Parameter, read as that
+   batch's tensor) and of one dtype, and that batch the one traced into (or none is). A new list
+   of them; NULL with no error set when they are not that case; NULL with an error on failure. */
+static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
+    if (n < 1 || Py_TYPE(values[0]) != (PyTypeObject *)tensor_class) return NULL;
+    TensorObject *first = (TensorObject *)values[0];
+    PyObject *batch = first->batch, *dtype = first->dtype, *active = NULL;
+    if (batch == NULL || dtype == NULL || !PyObject_TypeCheck(batch, &RecorderBaseType)) return NULL;
+    PyObject *list = PyList_New(n);
+    if (list == NULL) return NULL;
+    Py_ssize_t k;
+    for (k = 0; k < n; k++) {
+        PyObject *value = values[k];
+        if (Py_TYPE(value) == (PyTypeObject *)parameter_class) {
+            value = PyObject_CallMethodOneArg(batch, str_parameter, value);
+            if (value == NULL) goto error;
+        } else {
+            Py_INCREF(value);
+        }
+        PyList_SET_ITEM(list, k, value);
+        if (Py_TYPE(value) != (PyTypeObject *)tensor_class || ((TensorObject *)value)->batch != batch) goto other;
+        PyObject *its = ((TensorObject *)value)->dtype;
+        int same = its == dtype ? 1 : its == NULL ? 0 : PyObject_RichCompareBool(its, dtype, Py_EQ);
+        if (same < 0) goto error;
+        if (!same) goto other;
+    }
+    if (PyContextVar_Get(current_batch_var, NULL, &active) < 0) goto error;
+    int ours = active == NULL || active == batch;
+    Py_XDECREF(active);
+    if (ours) return list;
+other:
+    Py_DECREF(list);
+    return NULL;
+error:
+    Py_DECREF(list);
+    return NULL;
+}
+
+static int ops_configured(void) {
+    if (elementwise_python != NULL && tensors_python != NULL && configured()) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_ops()");
+    return 0;
+}
+
+/* ops._tensors(op_type, *values): operands as tensors of one batch (the Python function beyond
+   the common case). */
+static PyObject *operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    PyObject *list = nargs < 1 ? NULL : common_operands(args + 1, nargs - 1);
+    if (list != NULL || PyErr_Occurred()) return list;
+    return PyObject_Vectorcall(tensors_python, args, nargs, NULL);
+}
+
+/* ops._elementwise(op_type, *values): the common case of ``operands``, all of one shape (the
+   Python function, which broadcasts, beyond it). */
+static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    PyObject *inputs = nargs < 1 ? NULL : common_operands(args + 1, nargs - 1);
+    if (inputs == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(inputs), k;
+    TensorObject *first = (TensorObject *)PyList_GET_ITEM(inputs, 0);
+    PyObject *shape = first->shape, *result = NULL;
+    int same = shape != NULL;
+    for (k = 1; k < n && same > 0; k++) {
+        PyObject *its = ((TensorObject *)PyList_GET_ITEM(inputs, k))->shape;
+        same = its == shape ? 1 : its == NULL ? 0 : PyObject_RichCompareBool(its, shape, Py_EQ);
+    }
+    if (same > 0 && recorder_ready((RecorderObject *)first->batch))
+        result = do_record_one((RecorderObject *)first->batch, args[0], inputs, shape, first->dtype, no_attributes);
+    Py_DECREF(inputs);
+    if (same == 0) return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
+    return result;
+}
+
+/* ------------------------------------------------------------------ cell calls */
+/* ``cells.Cell.__call__``, whose Python is ``Cell._traced_call``: a call on tensors of one batch
+   (the one traced into, or none is) records one node; any other call (a Python scalar, a
+   parameter, a tensor of another batch, keywords) runs the Python. */
+static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args), k;
+    PyObject *batch = NULL, *active = NULL, *key = NULL, *calls = NULL, *result = NULL, *outputs = NULL;
+    if (!configured()) return NULL;
+    int common = n > 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0);
+    for (k = 0; k < n && common; k++) {
+        PyObject *value = PyTuple_GET_ITEM(args, k);
+        common = Py_TYPE(value) == (PyTypeObject *)tensor_class
+                 && (k == 0 || ((TensorObject *)value)->batch == batch) && ((TensorObject *)value)->entry != NULL;
+        if (k == 0 && common) batch = ((TensorObject *)value)->batch;
+    }
+    if (common) common = batch != NULL && PyObject_TypeCheck(batch, &RecorderBaseType);
+    if (common) {
+        if (PyContextVar_Get(current_batch_var, NULL, &active) < 0) return NULL;
+        common = active == NULL || active == batch;
+        Py_XDECREF(active);
+    }
+    if (!common) {
+        PyObject *method = PyObject_GetAttr(self, str_traced_call);
+        if (method == NULL) return NULL;
+        result = PyObject_Call(method, args, kwargs);
+        Py_DECREF(method);
+        return result;
+    }
+    /* Keyed by the entries' ids, which hash in C (a type's hash is Python code): the call
+       holds its entries, so no other object takes their ids while it is kept. */
+    key = PyTuple_New(n + 1);
+    if (key == NULL) return NULL;
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(self));
+    for (k = 0; k < n; k++) {
+        PyObject *id = PyLong_FromVoidPtr(((TensorObject *)PyTuple_GET_ITEM(args, k))->entry);
+        if (id == NULL) goto done;
+        PyTuple_SET_ITEM(key, k + 1, id);
+    }
+    calls = PyObject_GetAttr(batch, str_cell_calls);
+    if (calls == NULL) goto done;
+    if (!PyDict_Check(calls)) {
+        PyErr_SetString(PyExc_TypeError, "Tracer.cell_calls must be a dict");
+        goto done;
+    }
+    PyObject *call = PyDict_GetItemWithError(calls, key);  /* borrowed */
+    if (call == NULL) {  /* the first call in this batch with these kinds of operands */
+        if (PyErr_Occurred()) goto done;
+        PyObject *entries = PyTuple_New(n), *tensors = PySequence_List(args);
+        if (entries != NULL)
+            for (k = 0; k < n; k++)
+                PyTuple_SET_ITEM(entries, k, Py_NewRef(((TensorObject *)PyTuple_GET_ITEM(args, k))->entry));
+        PyObject *prepare_args[] = {self, batch, tensors, entries};
+        PyObject *prepared = entries == NULL || tensors == NULL ? NULL
+                             : PyObject_VectorcallMethod(str_prepare, prepare_args, 4, NULL);
+        Py_XDECREF(entries);
+        Py_XDECREF(tensors);
+        if (prepared == NULL) goto done;
+        int failed = PyDict_SetItem(calls, key, prepared) < 0;
+        Py_DECREF(prepared);
+        if (failed) goto done;
+        call = PyDict_GetItemWithError(calls, key);
+        if (call == NULL) goto done;
+    }
+    Py_INCREF(call);
+    if (recorder_ready((RecorderObject *)batch)) outputs = do_record_call((RecorderObject *)batch, call, args);
+    Py_DECREF(call);
+    if (outputs == NULL) goto done;
+    PyObject *returns_tuple = PyObject_GetAttr(self, str_returns_tuple);
+    int many = returns_tuple == NULL ? -1 : PyObject_IsTrue(returns_tuple);
+    Py_XDECREF(returns_tuple);
+    if (many > 0) result = PySequence_Tuple(outputs);
+    else if (many == 0) result = PySequence_GetItem(outputs, 0);
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(calls);
+    Py_XDECREF(outputs);
+    return result;
+}
+
+static PyTypeObject CellBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "autobatch.frontends._recorder.CellBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A cell's call in C (frontends.cells.Cell; its Python is Cell._traced_call).",
+    .tp_call = cell_call,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------ configuration */
+static void set_global(PyObject **slot, PyObject *value) {
+    Py_XSETREF(*slot, Py_NewRef(value));
+}
+
+static PyObject *configure_records(PyObject *module, PyObject *args) {
+    PyObject *tensor, *record, *attributes, *types;
+    if (!PyArg_ParseTuple(args, "O!O!O!O:configure_records", &PyType_Type, &tensor, &PyType_Type, &record,
+                          &PyDict_Type, &attributes, &types))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)tensor, &TensorBaseType)
+        || ((PyTypeObject *)tensor)->tp_basicsize != TensorBaseType.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "configure_records: the tensor class must subclass TensorBase with "
+                                         "__slots__ = ()");
+        return NULL;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)record, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure_records: the record class must be a named tuple");
+        return NULL;
+    }
+    set_global(&tensor_class, tensor);
+    set_global(&record_class, record);
+    set_global(&no_attributes, attributes);
+    set_global(&tensor_type, types);
+    Py_RETURN_NONE;
+}
+
+static PyObject *configure_ops(PyObject *module, PyObject *args) {
+    PyObject *parameter, *current, *python, *python_tensors;
+    if (!PyArg_ParseTuple(args, "O!OOO:configure_ops", &PyType_Type, &parameter, &current, &python, &python_tensors))
+        return NULL;
+    if (!PyContextVar_CheckExact(current)) {
+        PyErr_SetString(PyExc_TypeError, "configure_ops: the current batch must be a ContextVar");
+        return NULL;
+    }
+    set_global(&parameter_class, parameter);
+    set_global(&current_batch_var, current);
+    set_global(&elementwise_python, python);
+    set_global(&tensors_python, python_tensors);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure_records", configure_records, METH_VARARGS,
+     "configure_records(Tensor, Record, NO_ATTRIBUTES, tensor_type): the classes records are made of."},
+    {"configure_ops", configure_ops, METH_VARARGS,
+     "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors): what the ops need."},
+    {"elementwise", (PyCFunction)(void (*)(void))elementwise, METH_FASTCALL,
+     "elementwise(op_type, *operands): ops._elementwise's common case in C."},
+    {"operands", (PyCFunction)(void (*)(void))operands, METH_FASTCALL,
+     "operands(op_type, *values): ops._tensors' common case in C."},
+    {NULL},
+};
+
+static struct PyModuleDef recorder_module = {
+    PyModuleDef_HEAD_INIT, "_recorder", "The compiled hot path of tracing (see frontends/recorder.py).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__recorder(void) {
+    if (PyType_Ready(&TensorBaseType) < 0 || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&CellBaseType) < 0)
+        return NULL;
+    empty_string = PyUnicode_InternFromString("");
+    empty_tuple = PyTuple_New(0);
+    str_reads = PyUnicode_InternFromString("_reads");
+    str_outputs_again = PyUnicode_InternFromString("_outputs_again");
+    str_parameter = PyUnicode_InternFromString("parameter");
+    str_traced_call = PyUnicode_InternFromString("_traced_call");
+    str_cell_calls = PyUnicode_InternFromString("cell_calls");
+    str_prepare = PyUnicode_InternFromString("_prepare");
+    str_returns_tuple = PyUnicode_InternFromString("_returns_tuple");
+    str_repeatable = PyUnicode_InternFromString("repeatable");
+    str_shapes = PyUnicode_InternFromString("shapes");
+    str_dtypes = PyUnicode_InternFromString("dtypes");
+    str_types = PyUnicode_InternFromString("types");
+    str_shared = PyUnicode_InternFromString("shared");
+    str_op_type = PyUnicode_InternFromString("op_type");
+    str_domain = PyUnicode_InternFromString("domain");
+    str_entries = PyUnicode_InternFromString("entries");
+    if (!empty_string || !empty_tuple || !str_reads || !str_outputs_again || !str_parameter || !str_repeatable
+        || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain || !str_entries)
+        return NULL;
+    PyObject *module = PyModule_Create(&recorder_module);
+    if (module == NULL) return NULL;
+    if (PyModule_AddObjectRef(module, "TensorBase", (PyObject *)&TensorBaseType) < 0
+        || PyModule_AddObjectRef(module, "RecorderBase", (PyObject *)&RecorderBaseType) < 0
+        || PyModule_AddObjectRef(module, "CellBase", (PyObject *)&CellBaseType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
