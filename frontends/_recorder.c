@@ -41,7 +41,7 @@ typedef struct {
 static PyTypeObject TensorBaseType;
 
 static int tensor_traverse(TensorObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
+    /* not the type: a static base's instances own none (a Python subclass's traverse visits it) */
     Py_VISIT(self->batch);
     Py_VISIT(self->name);
     Py_VISIT(self->shape);
@@ -105,7 +105,6 @@ typedef struct {
 static PyTypeObject RecorderBaseType;
 
 static int recorder_traverse(RecorderObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->records);
     Py_VISIT(self->pending);
     Py_VISIT(self->literals);
@@ -142,9 +141,9 @@ static int recorder_ready(RecorderObject *self) {
     if (!configured()) return 0;
     if (self->records == NULL || self->pending == NULL || self->literals == NULL || self->calls == NULL
         || self->names == NULL || !PyList_Check(self->records) || !PyList_Check(self->pending)
-        || !PyDict_Check(self->literals) || !PyDict_Check(self->calls)) {
-        PyErr_SetString(PyExc_RuntimeError, "RecorderBase: _records, _pending, _literals, _calls and _names "
-                                            "are set by Tracer.__init__");
+        || !PyDict_Check(self->literals) || !PyDict_Check(self->calls) || !PyIter_Check(self->names)) {
+        PyErr_SetString(PyExc_RuntimeError, "RecorderBase: _records, _pending (lists), _literals, _calls "
+                                            "(dicts) and _names (an iterator) are set by Tracer.__init__");
         return 0;
     }
     return 1;
@@ -159,8 +158,12 @@ static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dty
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the tracer's name counter ended");
         return NULL;
     }
-    PyObject *name = PyUnicode_FromFormat("t%S", number);
+    Py_ssize_t count = PyLong_AsSsize_t(number);
     Py_DECREF(number);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    char text[32];
+    int length = snprintf(text, sizeof text, "t%zd", count);
+    PyObject *name = PyUnicode_FromStringAndSize(text, length);  /* f"t{n}", without formatting an int object */
     if (name == NULL) return NULL;
     PyTypeObject *type = (PyTypeObject *)tensor_class;
     TensorObject *tensor = (TensorObject *)type->tp_alloc(type, 0);
@@ -194,20 +197,31 @@ static PyObject *new_record(RecorderObject *self, PyObject *op_type, PyObject *d
                             PyLong_FromSsize_t(self->instance), Py_NewRef(empty_tuple)};
     int k, missing = 0;
     for (k = 0; k < 11; k++) missing |= fields[k] == NULL;
+#if PY_VERSION_HEX < 0x030E0000
+    /* made as tuple.__new__(Record, ...) makes it: allocated, then its items set */
+    PyTypeObject *type = (PyTypeObject *)record_class;
+    PyObject *record = missing ? NULL : type->tp_alloc(type, 11);
+    if (record == NULL) {
+        for (k = 0; k < 11; k++) Py_XDECREF(fields[k]);
+        return NULL;
+    }
+    for (k = 0; k < 11; k++) PyTuple_SET_ITEM(record, k, fields[k]);
+    return record;
+#else
+    /* tuple.__new__(Record, plain) itself: a tuple's hash cache (3.14) starts unset there */
     PyObject *plain = missing ? NULL : PyTuple_New(11);
     if (plain == NULL) {
         for (k = 0; k < 11; k++) Py_XDECREF(fields[k]);
         return NULL;
     }
     for (k = 0; k < 11; k++) PyTuple_SET_ITEM(plain, k, fields[k]);
-    /* tuple.__new__(Record, plain): the subclass made as tuple makes it (a hash cache, where a
-       version has one, starts unset) */
     PyObject *args = PyTuple_Pack(1, plain);
     Py_DECREF(plain);
     if (args == NULL) return NULL;
     PyObject *record = PyTuple_Type.tp_new((PyTypeObject *)record_class, args, NULL);
     Py_DECREF(args);
     return record;
+#endif
 }
 
 /* [item] (a new list holding a new reference to ``item``), or NULL */
@@ -228,16 +242,22 @@ static int is_tensor(PyObject *value) {
    the batch's literals. New references in *names. */
 static int read_operands(RecorderObject *self, PyObject *inputs, PyObject **names, PyObject *preds,
                          PyObject **entries) {
-    PyObject *seq = PySequence_Fast(inputs, "a traced op's inputs must be a sequence of tensors");
-    if (seq == NULL) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    /* a tuple of them: a list's items could move while Python code (``_reads``, a key's __eq__) runs */
+    PyObject *seq = PyTuple_CheckExact(inputs) ? Py_NewRef(inputs) : PySequence_Tuple(inputs);
+    if (seq == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "a traced op's inputs must be a sequence of tensors");
+        }
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq), i;
     *names = PyList_New(n);
     if (entries != NULL) *entries = PyTuple_New(n);
     if (*names == NULL || (entries != NULL && *entries == NULL)) goto error;
     for (i = 0; i < n; i++) {
-        if (!is_tensor(items[i])) goto error;
-        TensorObject *tensor = (TensorObject *)items[i];
+        if (!is_tensor(PyTuple_GET_ITEM(seq, i))) goto error;
+        TensorObject *tensor = (TensorObject *)PyTuple_GET_ITEM(seq, i);
         if (tensor->name == NULL || tensor->entry == NULL || tensor->value == NULL) {
             PyErr_SetString(PyExc_AttributeError, "a traced op's operand has no name, entry or value set");
             goto error;
@@ -291,7 +311,7 @@ static PyObject *outputs_again(RecorderObject *self, PyObject *seen, PyObject *s
    ``attributes``: a borrowed dict (NO_ATTRIBUTES for none). */
 static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shape,
                                PyObject *dtype, PyObject *attributes) {
-    PyObject *names = NULL, *entries = NULL, *vtype = NULL, *seen = NULL, *attributes_id = NULL;
+    PyObject *names = NULL, *entries = NULL, *vtype = NULL, *seen = NULL, *attributes_id = NULL, *at = NULL;
     PyObject *preds = PyList_New(0), *result = NULL;
     if (preds == NULL || read_operands(self, inputs, &names, preds, &entries) < 0) goto done;
     PyObject *type_args[] = {dtype, shape};
@@ -302,9 +322,10 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
         PyObject *head[] = {op_type, empty_string, attributes_id};
         seen = seen_key(head, 3, names);
         if (seen == NULL) goto done;
-        int known = PyDict_Contains(self->calls, seen);
-        if (known < 0) goto done;
-        if (known) {
+        at = PyLong_FromSsize_t(PyList_GET_SIZE(self->records));
+        PyObject *known = at == NULL ? NULL : PyDict_SetDefault(self->calls, seen, at);  /* one lookup */
+        if (known == NULL) goto done;
+        if (known != at) {  /* a call seen before (its record is an earlier one: never this index) */
             PyObject *shapes = PyTuple_Pack(1, shape), *dtypes = PyTuple_Pack(1, dtype), *types = PyList_New(1);
             if (shapes != NULL && dtypes != NULL && types != NULL) {
                 PyList_SET_ITEM(types, 0, Py_NewRef(vtype));
@@ -320,15 +341,8 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
             goto done;
         }
     }
-    Py_ssize_t index = PyList_GET_SIZE(self->records);
-    if (seen != NULL) {
-        PyObject *at = PyLong_FromSsize_t(index);
-        int failed = at == NULL || PyDict_SetItem(self->calls, seen, at) < 0;
-        Py_XDECREF(at);
-        if (failed) goto done;
-    }
-    PyObject *tensor = new_output(self, shape, dtype, vtype, index);
-    if (tensor == NULL) goto done;
+    PyObject *tensor = new_output(self, shape, dtype, vtype, PyList_GET_SIZE(self->records));
+    if (tensor == NULL) goto forget;
     PyObject *record = new_record(self, Py_NewRef(op_type), Py_NewRef(empty_string), Py_NewRef(names),
                                   list_of_one(((TensorObject *)tensor)->name), Py_NewRef(attributes),
                                   list_of_one(vtype), Py_NewRef(entries),
@@ -336,10 +350,18 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
     if (record == NULL || PyList_Append(self->records, record) < 0) {
         Py_XDECREF(record);
         Py_DECREF(tensor);
-        goto done;
+        goto forget;
     }
     Py_DECREF(record);
     result = tensor;
+    goto done;
+forget:  /* no record: the call is not one to reuse (as in Python, where it is known only once recorded) */
+    if (at != NULL) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyDict_DelItem(self->calls, seen) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
 done:
     Py_XDECREF(preds);
     Py_XDECREF(names);
@@ -347,6 +369,7 @@ done:
     Py_XDECREF(vtype);
     Py_XDECREF(seen);
     Py_XDECREF(attributes_id);
+    Py_XDECREF(at);
     return result;
 }
 
@@ -357,13 +380,21 @@ static PyObject *attributes_or_none(PyObject *attrs) {
 }
 
 /* Tracer.record_one(op_type, inputs, shape, dtype, attrs=None) */
-static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 4 || nargs > 5) {
+static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    PyObject *attrs = nargs == 5 ? args[4] : Py_None;
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    int usage = nargs < 4 || nargs + keywords > 5;
+    if (!usage && keywords == 1) {
+        usage = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "attrs") != 0;
+        attrs = args[nargs];
+    }
+    if (usage) {
         PyErr_SetString(PyExc_TypeError, "record_one(op_type, inputs, shape, dtype, attrs=None)");
         return NULL;
     }
     if (!recorder_ready(self)) return NULL;
-    PyObject *attributes = attributes_or_none(nargs == 5 ? args[4] : Py_None);
+    PyObject *attributes = attributes_or_none(attrs);
     if (attributes == NULL) return NULL;
     return do_record_one(self, args[0], args[1], args[2], args[3], attributes);
 }
@@ -393,12 +424,6 @@ static PyObject *do_append(RecorderObject *self, PyObject *op_type, PyObject *do
         PyList_SET_ITEM(outputs, k, Py_NewRef(((TensorObject *)tensor)->name));
         PyList_SET_ITEM(tensors, k, tensor);
     }
-    if (seen != Py_None) {
-        PyObject *at = PyLong_FromSsize_t(index);
-        int failed = at == NULL || PyDict_SetItem(self->calls, seen, at) < 0;
-        Py_XDECREF(at);
-        if (failed) goto done;
-    }
     PyObject *record = new_record(self, Py_NewRef(op_type), Py_NewRef(domain), Py_NewRef(names),
                                   Py_NewRef(outputs), Py_NewRef(attributes), Py_NewRef(types), Py_NewRef(entries),
                                   Py_NewRef(key), Py_NewRef(preds));
@@ -407,6 +432,12 @@ static PyObject *do_append(RecorderObject *self, PyObject *op_type, PyObject *do
         goto done;
     }
     Py_DECREF(record);
+    if (seen != Py_None) {  /* known to reuse_calls once recorded */
+        PyObject *at = PyLong_FromSsize_t(index);
+        int failed = at == NULL || PyDict_SetItem(self->calls, seen, at) < 0;
+        Py_XDECREF(at);
+        if (failed) goto done;
+    }
     result = Py_NewRef(tensors);
 done:
     Py_XDECREF(shape_seq);
@@ -475,7 +506,7 @@ static PyObject *recorder_record_call(RecorderObject *self, PyObject *const *arg
 }
 
 static PyMethodDef recorder_methods[] = {
-    {"record_one", (PyCFunction)(void (*)(void))recorder_record_one, METH_FASTCALL,
+    {"record_one", (PyCFunction)(void (*)(void))recorder_record_one, METH_FASTCALL | METH_KEYWORDS,
      "record_one(op_type, inputs, shape, dtype, attrs=None): the common op's record; its output tensor."},
     {"record_call", (PyCFunction)(void (*)(void))recorder_record_call, METH_FASTCALL,
      "record_call(call, inputs): a call whose signature was worked out once; its output tensors."},
@@ -516,11 +547,14 @@ static PyTypeObject RecorderBaseType = {
 static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
     if (n < 1 || Py_TYPE(values[0]) != (PyTypeObject *)tensor_class) return NULL;
     TensorObject *first = (TensorObject *)values[0];
-    PyObject *batch = first->batch, *dtype = first->dtype, *active = NULL;
-    if (batch == NULL || dtype == NULL || !PyObject_TypeCheck(batch, &RecorderBaseType)) return NULL;
+    if (first->batch == NULL || first->dtype == NULL || !PyObject_TypeCheck(first->batch, &RecorderBaseType))
+        return NULL;
+    /* held while Python code (``parameter``, a dtype's __eq__) runs */
+    PyObject *batch = Py_NewRef(first->batch), *dtype = Py_NewRef(first->dtype), *active = NULL;
     PyObject *list = PyList_New(n);
-    if (list == NULL) return NULL;
+    int ours = 0;
     Py_ssize_t k;
+    if (list == NULL) goto error;
     for (k = 0; k < n; k++) {
         PyObject *value = values[k];
         if (Py_TYPE(value) == (PyTypeObject *)parameter_class) {
@@ -537,14 +571,17 @@ static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
         if (!same) goto other;
     }
     if (PyContextVar_Get(current_batch_var, NULL, &active) < 0) goto error;
-    int ours = active == NULL || active == batch;
+    ours = active == NULL || active == batch;
     Py_XDECREF(active);
-    if (ours) return list;
 other:
-    Py_DECREF(list);
-    return NULL;
+    if (!ours) Py_CLEAR(list);
+    Py_DECREF(batch);
+    Py_DECREF(dtype);
+    return list;
 error:
-    Py_DECREF(list);
+    Py_XDECREF(list);
+    Py_DECREF(batch);
+    Py_DECREF(dtype);
     return NULL;
 }
 
@@ -573,16 +610,24 @@ static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t
         return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
     }
     Py_ssize_t n = PyList_GET_SIZE(inputs), k;
-    TensorObject *first = (TensorObject *)PyList_GET_ITEM(inputs, 0);
-    PyObject *shape = first->shape, *result = NULL;
-    int same = shape != NULL;
+    TensorObject *first = (TensorObject *)PyList_GET_ITEM(inputs, 0);  /* held by the list */
+    if (first->shape == NULL) {
+        Py_DECREF(inputs);
+        return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
+    }
+    PyObject *batch = Py_NewRef(first->batch), *shape = Py_NewRef(first->shape), *dtype = Py_NewRef(first->dtype);
+    PyObject *result = NULL;
+    int same = 1;
     for (k = 1; k < n && same > 0; k++) {
         PyObject *its = ((TensorObject *)PyList_GET_ITEM(inputs, k))->shape;
         same = its == shape ? 1 : its == NULL ? 0 : PyObject_RichCompareBool(its, shape, Py_EQ);
     }
-    if (same > 0 && recorder_ready((RecorderObject *)first->batch))
-        result = do_record_one((RecorderObject *)first->batch, args[0], inputs, shape, first->dtype, no_attributes);
+    if (same > 0 && recorder_ready((RecorderObject *)batch))
+        result = do_record_one((RecorderObject *)batch, args[0], inputs, shape, dtype, no_attributes);
     Py_DECREF(inputs);
+    Py_DECREF(batch);
+    Py_DECREF(shape);
+    Py_DECREF(dtype);
     if (same == 0) return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
     return result;
 }
@@ -594,7 +639,7 @@ static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t
 static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t n = PyTuple_GET_SIZE(args), k;
     PyObject *batch = NULL, *active = NULL, *key = NULL, *calls = NULL, *result = NULL, *outputs = NULL;
-    if (!configured()) return NULL;
+    if (!ops_configured()) return NULL;
     int common = n > 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0);
     for (k = 0; k < n && common; k++) {
         PyObject *value = PyTuple_GET_ITEM(args, k);
@@ -608,6 +653,7 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         common = active == NULL || active == batch;
         Py_XDECREF(active);
     }
+    if (common) Py_INCREF(batch);  /* held while Python code (``_prepare``) runs */
     if (!common) {
         PyObject *method = PyObject_GetAttr(self, str_traced_call);
         if (method == NULL) return NULL;
@@ -618,7 +664,7 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     /* Keyed by the entries' ids, which hash in C (a type's hash is Python code): the call
        holds its entries, so no other object takes their ids while it is kept. */
     key = PyTuple_New(n + 1);
-    if (key == NULL) return NULL;
+    if (key == NULL) goto done;
     PyTuple_SET_ITEM(key, 0, Py_NewRef(self));
     for (k = 0; k < n; k++) {
         PyObject *id = PyLong_FromVoidPtr(((TensorObject *)PyTuple_GET_ITEM(args, k))->entry);
@@ -663,6 +709,7 @@ done:
     Py_XDECREF(key);
     Py_XDECREF(calls);
     Py_XDECREF(outputs);
+    Py_DECREF(batch);
     return result;
 }
 

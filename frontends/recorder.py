@@ -13,6 +13,11 @@ and ``record_one``, ``record_call`` and ``_append``, which need its ``_reads`` a
 ``_outputs_again``. ``CellBase``: a cell's call (``cells.Cell._traced_call``). The C module
 also has ``elementwise`` and ``operands``, the common cases of ``ops._elementwise`` and
 ``ops._tensors``.
+
+What the compiled classes do not do that Python classes would: call a subclass's override of
+these methods from each other (``elementwise`` records through C's ``record_one``), take other
+than integers in ``producer`` and ``_instance`` or other than a bool in ``reuse_calls``, or
+pickle a tensor.
 """
 
 from __future__ import annotations
@@ -76,11 +81,11 @@ class PyRecorderBase:
                 return self._outputs_again(seen, (shape,), (dtype,), [vtype])[0]
         entries = tuple(entries)
         index = len(self._records)
-        if seen is not None:
-            self._calls[seen] = index
         tensor = self._new_output(shape, dtype, vtype, index)
         self._records.append(new_record(Record, (op_type, "", names, [tensor.name], attributes, [vtype], entries,
                                                  ("", op_type, attributes_id, entries), preds, self._instance, ())))
+        if seen is not None:  # known to reuse_calls once recorded
+            self._calls[seen] = index
         return tensor
 
     def record_call(self, call: Any, inputs: Sequence[Any]) -> list[Any]:
@@ -103,10 +108,10 @@ class PyRecorderBase:
         call as ``reuse_calls`` knows it (None: not reused)."""
         index = len(self._records)
         tensors = [self._new_output(shape, dtype, vtype, index) for shape, dtype, vtype in zip(shapes, dtypes, types)]
-        if seen is not None:
-            self._calls[seen] = index
         self._records.append(new_record(Record, (op_type, domain, names, [t.name for t in tensors], attributes, types,
                                                  entries, key, preds, self._instance, ())))
+        if seen is not None:  # known to reuse_calls once recorded
+            self._calls[seen] = index
         return tensors
 
     def _new_output(self, shape: tuple[int, ...], dtype: np.dtype, vtype: ValueType, index: int) -> Any:

@@ -1,0 +1,106 @@
+"""Traces a set of programs and prints what they recorded and computed, one line a fact, so that
+two runs (the compiled recorder and AUTOBATCH_PURE_PYTHON=1) can be compared line by line
+(tests/test_recorder.py). The first line says which recorder ran."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from autobatch import Batch, Parameter, TraceError, cell, ops
+from autobatch.examples import bilstm_tagger, tree_lstm
+from autobatch.datasets import sst_trees, wikiner_sentences
+from autobatch.frontends import recorder
+from autobatch.frontends.tracing import Tracer
+
+RNG = np.random.default_rng(0)
+W = Parameter(RNG.standard_normal((4, 4)).astype(np.float32), name="W")
+B = Parameter(RNG.standard_normal(4).astype(np.float32), name="B")
+
+
+@cell
+def step(h, c):
+    return ops.tanh(ops.affine(h, W, B)) * c, c + 1.0
+
+
+@cell
+def scaled(x, k):
+    return x * k
+
+
+def small_programs(batch: Tracer) -> list:
+    x = batch.constant(RNG.standard_normal(4).astype(np.float32))
+    m = batch.constant(RNG.standard_normal((3, 4)).astype(np.float32))
+    n = batch.constant(np.arange(6, dtype=np.int64).reshape(2, 3))
+    h, c = step(x, x)
+    again, _ = step(x, x)  # reused: the same call on the same tensors
+    outs = [
+        h, again, c, ops.tanh(x), ops.tanh(x),  # reused
+        x * 2.0, 3.0 - x, x + B, B + x, m + B, m * x,  # scalars, parameters, broadcasting
+        ops.esum([x, h, c]), ops.concat([x, h]), ops.matmul(m, W), n + n, n * 2,
+        scaled(x, 0.5), scaled(h, 2.0), step(m, m)[0],
+        ops.sigmoid(ops.sub(x, h)), ops.div(h, ops.exp(x)), ops.neg(ops.log(ops.relu(x) + 1.0)),
+        ops.square(x), -x, x[1],
+    ]
+    with batch.instance():
+        outs.append(ops.affine(ops.tanh(x), W, B))
+    return outs
+
+
+def digest(value: np.ndarray) -> str:
+    value = np.asarray(value)
+    return f"{value.dtype}{value.shape}:{hashlib.sha256(value.tobytes()).hexdigest()[:16]}"
+
+
+def records(batch: Tracer) -> list[str]:
+    keys: dict = {}
+    lines = []
+    for r in batch._records:
+        key = keys.setdefault(id(r.key) if not isinstance(r.key, tuple) else repr(r.key[:2]) + repr(r.key[3:]),
+                              len(keys))
+        lines.append(" ".join(map(str, (r.op_type, r.domain, r.inputs, r.outputs, sorted(r.attributes),
+                                        [str(t) for t in r.types], [str(e) for e in r.entries], key, r.preds,
+                                        r.instance, r.captured))))
+    return lines
+
+
+def main() -> None:
+    print("compiled" if recorder.COMPILED else "python")
+    with Batch(backend="numpy") as batch:
+        outs = small_programs(batch)
+        print("\n".join(records(batch)))
+        print("reused", batch.reused_calls)
+        for value in batch.run(outs):
+            print(digest(value))
+        other = Batch()
+        try:
+            ops.add(outs[0], other.constant(np.zeros(4, np.float32)))
+        except TraceError as error:
+            print("error:", error)
+        lost = ops.tanh(outs[0])
+        batch.discard()
+        try:
+            ops.tanh(lost)
+        except TraceError as error:
+            print("error:", error)
+    trees, _ = sst_trees(limit=4)
+    tree_params = tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=8)
+    sentences, _ = wikiner_sentences(limit=4)
+    tagger_params = bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=8)
+    for name, loss, examples, params in (
+            ("tree primitive", tree_lstm.loss_primitive, trees, tree_params),
+            ("tree cells", tree_lstm.loss_cells, trees, tree_params),
+            ("tree fold", tree_lstm.loss_fold, trees, tree_params),
+            ("tagger primitive", bilstm_tagger.LOSSES["primitive"], sentences, tagger_params),
+            ("tagger cells", bilstm_tagger.LOSSES["cells"], sentences, tagger_params)):
+        with Batch(backend="numpy") as batch:
+            losses = [loss(example, params) for example in examples]
+            lines = records(batch)
+            print(name, len(lines), "records", hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16],
+                  "reused", batch.reused_calls)
+            print(name, [digest(value) for value in batch.run(losses)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Tracing's hot path, compiled (frontends/_recorder.c) and in Python (frontends/recorder.py):
+built where a compiler is, the same records and values either way, no references kept, and the
+tracing tests passing with the Python one too."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autobatch import Batch, Parameter, TraceError, cell, ops
+from autobatch.frontends import recorder
+from autobatch.frontends.tracing import Tracer
+
+ROOT = Path(__file__).resolve().parent.parent
+PURE = {**os.environ, "AUTOBATCH_PURE_PYTHON": "1"}
+COMPILED_ONLY = pytest.mark.skipif(not recorder.COMPILED, reason="the compiled recorder is not built here")
+# The tests whose programs go through tracing: run again with the Python recorder.
+TRACING_TESTS = ["test_frontends.py", "test_folds.py", "test_examples.py", "test_flat.py", "test_sequences.py",
+                 "test_ragged.py", "test_correctness_contract.py"]
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_recorder_is_compiled_where_a_compiler_and_python_headers_are():
+    """``pip install`` builds it (optional, so a missing compiler does not stop the install)."""
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    if not (shutil.which("cc") or shutil.which("gcc")) or not headers or os.environ.get("AUTOBATCH_PURE_PYTHON"):
+        pytest.skip("no C compiler or Python headers here (or the Python recorder asked for): it runs in Python")
+    assert recorder.COMPILED, "a compiler is here but frontends/_recorder.c was not built: reinstall with pip"
+
+
+def test_both_recorders_record_and_compute_the_same():
+    """tests/scripts/trace_records.py prints every record and value of small programs (scalars,
+    parameters, broadcasting, reused calls, cells, errors) and of the examples' Tree-LSTM and
+    tagger in each form; the two recorders print the same lines."""
+    compiled = _run(["tests/scripts/trace_records.py"], dict(os.environ))
+    python = _run(["tests/scripts/trace_records.py"], PURE)
+    assert compiled.returncode == 0, compiled.stderr
+    assert python.returncode == 0, python.stderr
+    first, *lines = compiled.stdout.splitlines()
+    assert first == ("compiled" if recorder.COMPILED else "python")
+    python_first, *python_lines = python.stdout.splitlines()
+    assert python_first == "python"
+    assert len(lines) > 60
+    assert lines == python_lines
+
+
+@pytest.mark.skipif(bool(os.environ.get("AUTOBATCH_PURE_PYTHON")), reason="this run is the Python recorder's")
+def test_the_tracing_tests_pass_with_the_python_recorder():
+    result = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", *(f"tests/{name}" for name in TRACING_TESTS)], PURE)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1]
+
+
+def _trace_and_drop(steps: int) -> None:
+    W = Parameter(np.eye(4, dtype=np.float32))
+    shared = cell(lambda h, c: (ops.tanh(ops.matmul(h, W)) * c, c + 1.0))
+    with Tracer() as tracer:
+        h = c = tracer.constant(np.ones(4, np.float32))
+        for _ in range(steps):
+            h = ops.tanh(ops.add(ops.matmul(h, W), 1.0))
+            h, c = shared(h, c)
+            h = h * 2.0 + h
+        tracer.discard()
+
+
+def test_tracing_keeps_no_references_once_a_batch_is_dropped():
+    shape, dtype = (4,), np.dtype(np.float32)
+    _trace_and_drop(10)  # cells traced, caches warm
+    gc.collect()
+    counts = sys.getrefcount(shape), sys.getrefcount(dtype), sys.getrefcount("Tanh")
+    tracemalloc.start()
+    try:
+        _trace_and_drop(10)
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        _trace_and_drop(20_000)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - before < 200_000, f"{after - before} bytes kept after tracing 20,000 steps and dropping them"
+    assert (sys.getrefcount(shape), sys.getrefcount(dtype), sys.getrefcount("Tanh")) == counts
+
+
+@COMPILED_ONLY
+def test_the_compiled_recorder_refuses_what_is_not_a_tensor():
+    with Tracer() as tracer:
+        x = tracer.constant(np.ones(2, np.float32))
+        with pytest.raises(TypeError, match="must be tensors, got int"):
+            tracer.record_one("Tanh", [x, 3], (2,), x.dtype)
+        with pytest.raises(TypeError, match="sequence of tensors"):
+            tracer.record_one("Tanh", 3, (2,), x.dtype)
+        with pytest.raises(TypeError, match="record_one"):
+            tracer.record_one("Tanh", [x])
+        assert tracer._records == []  # nothing half-recorded
+        y = ops.tanh(x)
+        assert tracer._records[-1].inputs == [x.name] and y.producer == 0
+        tracer.discard()
+
+
+def test_a_cell_call_out_of_the_common_case_runs_the_python_and_says_what_is_wrong():
+    @cell
+    def double(x):
+        return x * 2.0
+
+    with Batch(backend="numpy") as batch:
+        x = batch.constant(np.ones(2, np.float32))
+        with Batch(backend="numpy") as other:  # traced into now: x is not its own
+            with pytest.raises(TraceError, match="another batch"):
+                double(x)
+            with pytest.raises(TraceError, match="another batch"):
+                ops.add(x, x)
+            y = other.constant(np.ones(2, np.float32))
+            with pytest.raises(TypeError):
+                double(x=y)
+            assert double(3.0).numpy() == np.float32(6.0)  # a Python value: a literal of `other`
+            assert double(y).numpy().tolist() == [2.0, 2.0]
+        assert double(x).numpy().tolist() == [2.0, 2.0]
