@@ -26,7 +26,7 @@ static PyObject *tensors_python;    /* ops._python_tensors: likewise */
 
 static PyObject *empty_string, *empty_tuple;
 static PyObject *str_reads, *str_outputs_again, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
-    *str_returns_tuple;
+    *str_returns_tuple, *str_as_tensor, *str_scalars;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
     *str_entries;
 
@@ -633,27 +633,44 @@ static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t
 }
 
 /* ------------------------------------------------------------------ cell calls */
-/* ``cells.Cell.__call__``, whose Python is ``Cell._traced_call``: a call on tensors of one batch
-   (the one traced into, or none is) records one node; any other call (a Python scalar, a
-   parameter, a tensor of another batch, keywords) runs the Python. */
+/* An operand of a cell call as a tensor of ``batch`` (a new reference): a tensor of it as it
+   is, a Python int or bool as ``Tracer.constant`` memoises it (looked up here), anything else
+   through ``batch.as_tensor`` (which raises for a tensor of another batch). */
+static PyObject *as_tensor(PyObject *batch, PyObject *scalars, PyObject *value) {
+    if (Py_TYPE(value) == (PyTypeObject *)tensor_class && ((TensorObject *)value)->batch == batch)
+        return Py_NewRef(value);
+    if (scalars != NULL && (PyLong_CheckExact(value) || PyBool_Check(value))) {
+        PyObject *key = PyTuple_Pack(3, (PyObject *)Py_TYPE(value), value, Py_None);  /* constant()'s key */
+        if (key == NULL) return NULL;
+        PyObject *known = PyDict_GetItemWithError(scalars, key);
+        Py_DECREF(key);
+        if (known != NULL && Py_TYPE(known) == (PyTypeObject *)tensor_class) return Py_NewRef(known);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_CallMethodOneArg(batch, str_as_tensor, value);
+}
+
+/* ``cells.Cell.__call__``, whose Python is ``Cell._traced_call``: a call records one node of
+   the batch its tensors belong to (or of the batch traced into, where none is a tensor); a call
+   with keywords, or a tensor whose batch is not the one traced into, runs the Python. */
 static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     Py_ssize_t n = PyTuple_GET_SIZE(args), k;
     PyObject *batch = NULL, *active = NULL, *key = NULL, *calls = NULL, *result = NULL, *outputs = NULL;
+    PyObject *tensors = NULL, *scalars = NULL;
     if (!ops_configured()) return NULL;
     int common = n > 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0);
-    for (k = 0; k < n && common; k++) {
+    for (k = 0; k < n && common && batch == NULL; k++) {  /* ops._batch_of: the first tensor's batch */
         PyObject *value = PyTuple_GET_ITEM(args, k);
-        common = Py_TYPE(value) == (PyTypeObject *)tensor_class
-                 && (k == 0 || ((TensorObject *)value)->batch == batch) && ((TensorObject *)value)->entry != NULL;
-        if (k == 0 && common) batch = ((TensorObject *)value)->batch;
+        if (Py_TYPE(value) == (PyTypeObject *)tensor_class) batch = ((TensorObject *)value)->batch;
+        else common = !PyObject_TypeCheck(value, &TensorBaseType);  /* a subclass of Tensor: the Python */
     }
-    if (common) common = batch != NULL && PyObject_TypeCheck(batch, &RecorderBaseType);
     if (common) {
         if (PyContextVar_Get(current_batch_var, NULL, &active) < 0) return NULL;
-        common = active == NULL || active == batch;
+        if (batch == NULL) batch = active;  /* none is a tensor: the batch traced into */
+        common = batch != NULL && (active == NULL || active == batch) && PyObject_TypeCheck(batch, &RecorderBaseType);
+        if (common) Py_INCREF(batch);  /* held while Python code (``as_tensor``, ``_prepare``) runs */
         Py_XDECREF(active);
     }
-    if (common) Py_INCREF(batch);  /* held while Python code (``_prepare``) runs */
     if (!common) {
         PyObject *method = PyObject_GetAttr(self, str_traced_call);
         if (method == NULL) return NULL;
@@ -661,13 +678,30 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         Py_DECREF(method);
         return result;
     }
+    tensors = PyTuple_New(n);
+    if (tensors == NULL) goto done;
+    for (k = 0; k < n; k++) {
+        PyObject *value = PyTuple_GET_ITEM(args, k), *tensor;
+        if (Py_TYPE(value) != (PyTypeObject *)tensor_class && scalars == NULL) {
+            scalars = PyObject_GetAttr(batch, str_scalars);
+            if (scalars == NULL) goto done;
+            if (!PyDict_Check(scalars)) Py_CLEAR(scalars);
+        }
+        tensor = as_tensor(batch, scalars, value);
+        if (tensor == NULL) goto done;
+        PyTuple_SET_ITEM(tensors, k, tensor);
+        if (Py_TYPE(tensor) != (PyTypeObject *)tensor_class || ((TensorObject *)tensor)->entry == NULL) {
+            PyErr_SetString(PyExc_TypeError, "Tracer.as_tensor must return a Tensor with its fields set");
+            goto done;
+        }
+    }
     /* Keyed by the entries' ids, which hash in C (a type's hash is Python code): the call
        holds its entries, so no other object takes their ids while it is kept. */
     key = PyTuple_New(n + 1);
     if (key == NULL) goto done;
     PyTuple_SET_ITEM(key, 0, Py_NewRef(self));
     for (k = 0; k < n; k++) {
-        PyObject *id = PyLong_FromVoidPtr(((TensorObject *)PyTuple_GET_ITEM(args, k))->entry);
+        PyObject *id = PyLong_FromVoidPtr(((TensorObject *)PyTuple_GET_ITEM(tensors, k))->entry);
         if (id == NULL) goto done;
         PyTuple_SET_ITEM(key, k + 1, id);
     }
@@ -680,15 +714,15 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *call = PyDict_GetItemWithError(calls, key);  /* borrowed */
     if (call == NULL) {  /* the first call in this batch with these kinds of operands */
         if (PyErr_Occurred()) goto done;
-        PyObject *entries = PyTuple_New(n), *tensors = PySequence_List(args);
+        PyObject *entries = PyTuple_New(n), *listed = PySequence_List(tensors);
         if (entries != NULL)
             for (k = 0; k < n; k++)
-                PyTuple_SET_ITEM(entries, k, Py_NewRef(((TensorObject *)PyTuple_GET_ITEM(args, k))->entry));
-        PyObject *prepare_args[] = {self, batch, tensors, entries};
-        PyObject *prepared = entries == NULL || tensors == NULL ? NULL
+                PyTuple_SET_ITEM(entries, k, Py_NewRef(((TensorObject *)PyTuple_GET_ITEM(tensors, k))->entry));
+        PyObject *prepare_args[] = {self, batch, listed, entries};
+        PyObject *prepared = entries == NULL || listed == NULL ? NULL
                              : PyObject_VectorcallMethod(str_prepare, prepare_args, 4, NULL);
         Py_XDECREF(entries);
-        Py_XDECREF(tensors);
+        Py_XDECREF(listed);
         if (prepared == NULL) goto done;
         int failed = PyDict_SetItem(calls, key, prepared) < 0;
         Py_DECREF(prepared);
@@ -697,7 +731,7 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (call == NULL) goto done;
     }
     Py_INCREF(call);
-    if (recorder_ready((RecorderObject *)batch)) outputs = do_record_call((RecorderObject *)batch, call, args);
+    if (recorder_ready((RecorderObject *)batch)) outputs = do_record_call((RecorderObject *)batch, call, tensors);
     Py_DECREF(call);
     if (outputs == NULL) goto done;
     PyObject *returns_tuple = PyObject_GetAttr(self, str_returns_tuple);
@@ -706,6 +740,8 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (many > 0) result = PySequence_Tuple(outputs);
     else if (many == 0) result = PySequence_GetItem(outputs, 0);
 done:
+    Py_XDECREF(tensors);
+    Py_XDECREF(scalars);
     Py_XDECREF(key);
     Py_XDECREF(calls);
     Py_XDECREF(outputs);
@@ -794,6 +830,8 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_cell_calls = PyUnicode_InternFromString("cell_calls");
     str_prepare = PyUnicode_InternFromString("_prepare");
     str_returns_tuple = PyUnicode_InternFromString("_returns_tuple");
+    str_as_tensor = PyUnicode_InternFromString("as_tensor");
+    str_scalars = PyUnicode_InternFromString("_scalars");
     str_repeatable = PyUnicode_InternFromString("repeatable");
     str_shapes = PyUnicode_InternFromString("shapes");
     str_dtypes = PyUnicode_InternFromString("dtypes");
@@ -803,7 +841,9 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_domain = PyUnicode_InternFromString("domain");
     str_entries = PyUnicode_InternFromString("entries");
     if (!empty_string || !empty_tuple || !str_reads || !str_outputs_again || !str_parameter || !str_repeatable
-        || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain || !str_entries)
+        || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
+        || !str_scalars || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
+        || !str_entries)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);
     if (module == NULL) return NULL;
