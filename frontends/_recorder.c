@@ -23,10 +23,11 @@ static PyObject *parameter_class;   /* tensors.Parameter */
 static PyObject *current_batch_var; /* tensors._current (a ContextVar) */
 static PyObject *elementwise_python; /* ops._python_elementwise: everything but the common case */
 static PyObject *tensors_python;    /* ops._python_tensors: likewise */
+static PyObject *pick_python, *lookup_python;  /* ops._python_pick, ops._python_lookup: likewise */
 
 static PyObject *empty_string, *empty_tuple;
-static PyObject *str_reads, *str_outputs_again, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
-    *str_returns_tuple, *str_as_tensor, *str_scalars;
+static PyObject *str_reads, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
+    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
     *str_entries;
 
@@ -98,7 +99,7 @@ static PyTypeObject TensorBaseType = {
 typedef struct {
     PyObject_HEAD
     PyObject *records, *pending, *literals, *calls, *names;
-    Py_ssize_t instance;
+    Py_ssize_t instance, reused_calls;
     char reuse_calls;
 } RecorderObject;
 
@@ -149,22 +150,10 @@ static int recorder_ready(RecorderObject *self) {
     return 1;
 }
 
-/* A new pending tensor named t<n> (n from the tracer's counter), output of record ``index``; a
-   weak reference to it joins the pending list (``Tracer.run_pending`` runs what is still held). */
-static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dtype, PyObject *vtype,
-                            Py_ssize_t index) {
-    PyObject *number = PyIter_Next(self->names);
-    if (number == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the tracer's name counter ended");
-        return NULL;
-    }
-    Py_ssize_t count = PyLong_AsSsize_t(number);
-    Py_DECREF(number);
-    if (count == -1 && PyErr_Occurred()) return NULL;
-    char text[32];
-    int length = snprintf(text, sizeof text, "t%zd", count);
-    PyObject *name = PyUnicode_FromStringAndSize(text, length);  /* f"t{n}", without formatting an int object */
-    if (name == NULL) return NULL;
+/* A pending tensor ``name`` (a new reference given), output of record ``index``; a weak
+   reference to it joins the pending list (``Tracer.run_pending`` runs what is still held). */
+static PyObject *pending_tensor(RecorderObject *self, PyObject *name, PyObject *shape, PyObject *dtype,
+                                PyObject *vtype, Py_ssize_t index) {
     PyTypeObject *type = (PyTypeObject *)tensor_class;
     TensorObject *tensor = (TensorObject *)type->tp_alloc(type, 0);
     if (tensor == NULL) {
@@ -186,6 +175,78 @@ static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dty
     }
     Py_DECREF(ref);
     return (PyObject *)tensor;
+}
+
+/* A new pending output of record ``index``, named t<n> (n from the tracer's counter). */
+static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dtype, PyObject *vtype,
+                            Py_ssize_t index) {
+    PyObject *number = PyIter_Next(self->names);
+    if (number == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the tracer's name counter ended");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(number);
+    Py_DECREF(number);
+    if (count == -1 && PyErr_Occurred()) return NULL;
+    char text[32];
+    int length = snprintf(text, sizeof text, "t%zd", count);
+    PyObject *name = PyUnicode_FromStringAndSize(text, length);  /* f"t{n}", without formatting an int object */
+    if (name == NULL) return NULL;
+    return pending_tensor(self, name, shape, dtype, vtype, index);
+}
+
+/* ``_outputs_again``: new tensors for the outputs of a call seen before (still pending):
+   reading them reads its record's outputs. */
+static PyObject *do_outputs_again(RecorderObject *self, PyObject *seen, PyObject *shapes, PyObject *dtypes,
+                                  PyObject *types) {
+    PyObject *at = PyDict_GetItemWithError(self->calls, seen);  /* borrowed */
+    if (at == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, seen);
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(at);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    PyObject *record = PyList_GetItem(self->records, index);  /* borrowed; IndexError where it is not */
+    if (record == NULL) return NULL;
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 4) {
+        PyErr_SetString(PyExc_TypeError, "a record must be a Record");
+        return NULL;
+    }
+    PyObject *outputs = PySequence_Tuple(PyTuple_GET_ITEM(record, 3));
+    PyObject *shape_seq = outputs == NULL ? NULL : PySequence_Tuple(shapes);
+    PyObject *dtype_seq = shape_seq == NULL ? NULL : PySequence_Tuple(dtypes);
+    PyObject *type_seq = dtype_seq == NULL ? NULL : PySequence_Tuple(types);
+    PyObject *tensors = NULL;
+    if (type_seq == NULL) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(outputs), k;  /* zip(): the shortest */
+    if (PyTuple_GET_SIZE(shape_seq) < n) n = PyTuple_GET_SIZE(shape_seq);
+    if (PyTuple_GET_SIZE(dtype_seq) < n) n = PyTuple_GET_SIZE(dtype_seq);
+    if (PyTuple_GET_SIZE(type_seq) < n) n = PyTuple_GET_SIZE(type_seq);
+    self->reused_calls++;
+    tensors = PyList_New(n);
+    if (tensors == NULL) goto done;
+    for (k = 0; k < n; k++) {
+        PyObject *shape = PyTuple_GET_ITEM(shape_seq, k), *dtype = PyTuple_GET_ITEM(dtype_seq, k);
+        PyObject *vtype = PyTuple_GET_ITEM(type_seq, k), *made = NULL;
+        if (vtype == Py_None) {
+            PyObject *type_args[] = {dtype, shape};
+            vtype = made = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
+            if (vtype == NULL) goto error;
+        }
+        PyObject *tensor = pending_tensor(self, Py_NewRef(PyTuple_GET_ITEM(outputs, k)), shape, dtype, vtype, index);
+        Py_XDECREF(made);
+        if (tensor == NULL) goto error;
+        PyList_SET_ITEM(tensors, k, tensor);
+    }
+    goto done;
+error:
+    Py_CLEAR(tensors);
+done:
+    Py_XDECREF(outputs);
+    Py_XDECREF(shape_seq);
+    Py_XDECREF(dtype_seq);
+    Py_XDECREF(type_seq);
+    return tensors;
 }
 
 /* Record(op_type, domain, inputs, outputs, attributes, types, entries, key, preds, instance, ()),
@@ -300,13 +361,6 @@ static PyObject *seen_key(PyObject *const *head, Py_ssize_t heads, PyObject *nam
     return seen;
 }
 
-/* ``Tracer._outputs_again`` (Python): the outputs of a pending call seen before. */
-static PyObject *outputs_again(RecorderObject *self, PyObject *seen, PyObject *shapes, PyObject *dtypes,
-                               PyObject *types) {
-    PyObject *args[] = {(PyObject *)self, seen, shapes, dtypes, types};
-    return PyObject_VectorcallMethod(str_outputs_again, args, 5, NULL);
-}
-
 /* The common op's record: ONNX's domain, deterministic, every input given, one output.
    ``attributes``: a borrowed dict (NO_ATTRIBUTES for none). */
 static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shape,
@@ -329,7 +383,7 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
             PyObject *shapes = PyTuple_Pack(1, shape), *dtypes = PyTuple_Pack(1, dtype), *types = PyList_New(1);
             if (shapes != NULL && dtypes != NULL && types != NULL) {
                 PyList_SET_ITEM(types, 0, Py_NewRef(vtype));
-                PyObject *again = outputs_again(self, seen, shapes, dtypes, types);
+                PyObject *again = do_outputs_again(self, seen, shapes, dtypes, types);
                 if (again != NULL) {
                     result = PySequence_GetItem(again, 0);
                     Py_DECREF(again);
@@ -448,6 +502,15 @@ done:
     return result;
 }
 
+static PyObject *recorder_outputs_again(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "_outputs_again(seen, shapes, dtypes, types)");
+        return NULL;
+    }
+    if (!recorder_ready(self)) return NULL;
+    return do_outputs_again(self, args[0], args[1], args[2], args[3]);
+}
+
 static PyObject *recorder_append(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "_append(op_type, domain, preds, names, attributes, shapes, dtypes, types, "
@@ -479,7 +542,7 @@ static PyObject *do_record_call(RecorderObject *self, PyObject *call, PyObject *
         int known = PyDict_Contains(self->calls, seen);
         if (known < 0) goto done;
         if (known) {
-            result = outputs_again(self, seen, fields[1], fields[2], fields[3]);
+            result = do_outputs_again(self, seen, fields[1], fields[2], fields[3]);
             goto done;
         }
     }
@@ -510,6 +573,8 @@ static PyMethodDef recorder_methods[] = {
      "record_one(op_type, inputs, shape, dtype, attrs=None): the common op's record; its output tensor."},
     {"record_call", (PyCFunction)(void (*)(void))recorder_record_call, METH_FASTCALL,
      "record_call(call, inputs): a call whose signature was worked out once; its output tensors."},
+    {"_outputs_again", (PyCFunction)(void (*)(void))recorder_outputs_again, METH_FASTCALL,
+     "_outputs_again(seen, shapes, dtypes, types): new tensors for the outputs of a pending call seen before."},
     {"_append", (PyCFunction)(void (*)(void))recorder_append, METH_FASTCALL,
      "_append(op_type, domain, preds, names, attributes, shapes, dtypes, types, entries, key, seen)."},
     {NULL},
@@ -523,6 +588,7 @@ static PyMemberDef recorder_members[] = {
     {"_names", T_OBJECT_EX, offsetof(RecorderObject, names), 0, NULL},
     {"_instance", T_PYSSIZET, offsetof(RecorderObject, instance), 0, NULL},
     {"reuse_calls", T_BOOL, offsetof(RecorderObject, reuse_calls), 0, NULL},
+    {"reused_calls", T_PYSSIZET, offsetof(RecorderObject, reused_calls), 0, NULL},
     {NULL},
 };
 
@@ -586,7 +652,9 @@ error:
 }
 
 static int ops_configured(void) {
-    if (elementwise_python != NULL && tensors_python != NULL && configured()) return 1;
+    if (elementwise_python != NULL && tensors_python != NULL && pick_python != NULL && lookup_python != NULL
+        && configured())
+        return 1;
     PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_ops()");
     return 0;
 }
@@ -630,6 +698,47 @@ static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t
     Py_DECREF(dtype);
     if (same == 0) return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
     return result;
+}
+
+/* ``ops.pick`` and ``ops.lookup`` of a parameter's row by a Python int, where the batch traced
+   into has that row already (``Tracer.row`` memoises it: a lookup seen before in this batch). A
+   new reference to its tensor; NULL with no error set where it is not that case. */
+static PyObject *known_row(PyObject *x, PyObject *i) {
+    PyObject *batch = NULL, *rows = NULL, *folds = NULL, *key = NULL, *row = NULL;
+    if (Py_TYPE(x) != (PyTypeObject *)parameter_class || !PyLong_CheckExact(i)) return NULL;
+    if (PyContextVar_Get(current_batch_var, NULL, &batch) < 0 || batch == NULL) return NULL;
+    if (!PyObject_TypeCheck(batch, &RecorderBaseType)) goto done;
+    folds = PyObject_GetAttr(batch, str_folds_lookups);  /* False while a cell's body is traced */
+    if (folds == NULL || folds != Py_True) goto done;
+    rows = PyObject_GetAttr(batch, str_rows);
+    if (rows == NULL || !PyDict_Check(rows)) goto done;
+    PyObject *id = PyLong_FromVoidPtr(x);
+    key = id == NULL ? NULL : PyTuple_Pack(2, id, i);  /* Tracer.row's key */
+    Py_XDECREF(id);
+    if (key == NULL) goto done;
+    PyObject *known = PyDict_GetItemWithError(rows, key);  /* (the parameter, its row's tensor) */
+    if (known != NULL && PyTuple_Check(known) && PyTuple_GET_SIZE(known) == 2)
+        row = Py_NewRef(PyTuple_GET_ITEM(known, 1));
+done:
+    Py_DECREF(batch);
+    Py_XDECREF(folds);
+    Py_XDECREF(rows);
+    Py_XDECREF(key);
+    return row;
+}
+
+static PyObject *pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    PyObject *row = nargs == 2 ? known_row(args[0], args[1]) : NULL;
+    if (row != NULL || PyErr_Occurred()) return row;
+    return PyObject_Vectorcall(pick_python, args, nargs, NULL);
+}
+
+static PyObject *lookup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    PyObject *row = nargs == 2 ? known_row(args[0], args[1]) : NULL;
+    if (row != NULL || PyErr_Occurred()) return row;
+    return PyObject_Vectorcall(lookup_python, args, nargs, NULL);
 }
 
 /* ------------------------------------------------------------------ cell calls */
@@ -787,8 +896,9 @@ static PyObject *configure_records(PyObject *module, PyObject *args) {
 }
 
 static PyObject *configure_ops(PyObject *module, PyObject *args) {
-    PyObject *parameter, *current, *python, *python_tensors;
-    if (!PyArg_ParseTuple(args, "O!OOO:configure_ops", &PyType_Type, &parameter, &current, &python, &python_tensors))
+    PyObject *parameter, *current, *python, *python_tensors, *python_pick, *python_lookup;
+    if (!PyArg_ParseTuple(args, "O!OOOOO:configure_ops", &PyType_Type, &parameter, &current, &python, &python_tensors,
+                          &python_pick, &python_lookup))
         return NULL;
     if (!PyContextVar_CheckExact(current)) {
         PyErr_SetString(PyExc_TypeError, "configure_ops: the current batch must be a ContextVar");
@@ -798,6 +908,8 @@ static PyObject *configure_ops(PyObject *module, PyObject *args) {
     set_global(&current_batch_var, current);
     set_global(&elementwise_python, python);
     set_global(&tensors_python, python_tensors);
+    set_global(&pick_python, python_pick);
+    set_global(&lookup_python, python_lookup);
     Py_RETURN_NONE;
 }
 
@@ -805,7 +917,12 @@ static PyMethodDef module_methods[] = {
     {"configure_records", configure_records, METH_VARARGS,
      "configure_records(Tensor, Record, NO_ATTRIBUTES, tensor_type): the classes records are made of."},
     {"configure_ops", configure_ops, METH_VARARGS,
-     "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors): what the ops need."},
+     "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors, python_pick, python_lookup): "
+     "what the ops need."},
+    {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL,
+     "pick(x, i): ops.pick's known row of a parameter in C."},
+    {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL,
+     "lookup(table, i): ops.lookup's known row of a parameter in C."},
     {"elementwise", (PyCFunction)(void (*)(void))elementwise, METH_FASTCALL,
      "elementwise(op_type, *operands): ops._elementwise's common case in C."},
     {"operands", (PyCFunction)(void (*)(void))operands, METH_FASTCALL,
@@ -824,7 +941,6 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     empty_string = PyUnicode_InternFromString("");
     empty_tuple = PyTuple_New(0);
     str_reads = PyUnicode_InternFromString("_reads");
-    str_outputs_again = PyUnicode_InternFromString("_outputs_again");
     str_parameter = PyUnicode_InternFromString("parameter");
     str_traced_call = PyUnicode_InternFromString("_traced_call");
     str_cell_calls = PyUnicode_InternFromString("cell_calls");
@@ -832,6 +948,8 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_returns_tuple = PyUnicode_InternFromString("_returns_tuple");
     str_as_tensor = PyUnicode_InternFromString("as_tensor");
     str_scalars = PyUnicode_InternFromString("_scalars");
+    str_folds_lookups = PyUnicode_InternFromString("folds_lookups");
+    str_rows = PyUnicode_InternFromString("_rows");
     str_repeatable = PyUnicode_InternFromString("repeatable");
     str_shapes = PyUnicode_InternFromString("shapes");
     str_dtypes = PyUnicode_InternFromString("dtypes");
@@ -840,9 +958,9 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_op_type = PyUnicode_InternFromString("op_type");
     str_domain = PyUnicode_InternFromString("domain");
     str_entries = PyUnicode_InternFromString("entries");
-    if (!empty_string || !empty_tuple || !str_reads || !str_outputs_again || !str_parameter || !str_repeatable
+    if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
-        || !str_scalars || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
+        || !str_scalars || !str_folds_lookups || !str_rows || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
         || !str_entries)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);

@@ -81,7 +81,6 @@ def _python_elementwise(op_type: str, *values: Operand) -> Tensor:
 
 
 if recorder.compiled:  # their common cases in C (tensors of one batch, dtype and shape), the rest as above
-    recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors)
     _tensors, _elementwise = recorder.compiled.operands, recorder.compiled.elementwise
 else:
     _tensors, _elementwise = _python_tensors, _python_elementwise
@@ -260,9 +259,7 @@ def index(x: Operand, key: Any) -> Tensor:
 _AXIS_0 = attributes(axis=0)
 
 
-def pick(x: Operand, i: Any) -> Tensor:
-    """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick. ``i``: an int (a NumPy
-    integer too), or an integer tensor of the same batch."""
+def _python_pick(x: Operand, i: Any) -> Tensor:
     known = not isinstance(i, Tensor)
     if known:
         i = _python_index(i)
@@ -296,8 +293,7 @@ def _python_index(i: Any) -> int:
                          f"{i!r}") from None
 
 
-def lookup(table: Parameter | Tensor, i: Any) -> Tensor:
-    """Row ``i`` of an embedding table; rows ``[n, d]`` for a sequence of ``n`` ints."""
+def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
     if isinstance(i, (list, tuple, np.ndarray)):
         indices = np.asarray(i)
         rows = table.shape[0]
@@ -308,6 +304,25 @@ def lookup(table: Parameter | Tensor, i: Any) -> Tensor:
             raise TraceError(f"Gather: indices {indices.min()}..{indices.max()} are out of range for shape {table.shape}")
         return pick(table, current_batch().indices(indices))
     return pick(table, i)
+
+
+if recorder.compiled:  # a row looked up before in this batch, in C; the rest as above
+    recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors, _python_pick,
+                                    _python_lookup)
+    _pick, _lookup = recorder.compiled.pick, recorder.compiled.lookup
+else:
+    _pick, _lookup = _python_pick, _python_lookup
+
+
+def pick(x: Operand, i: Any) -> Tensor:
+    """Element (or row) ``i`` of ``x`` along axis 0: DyNet's pick. ``i``: an int (a NumPy
+    integer too), or an integer tensor of the same batch."""
+    return _pick(x, i)
+
+
+def lookup(table: Parameter | Tensor, i: Any) -> Tensor:
+    """Row ``i`` of an embedding table; rows ``[n, d]`` for a sequence of ``n`` ints."""
+    return _lookup(table, i)
 
 
 # ----------------------------------------------------------------------------- recurrent layers

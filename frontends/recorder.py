@@ -8,9 +8,9 @@ runs. Both are tested (``tests/test_recorder.py`` runs the tracing tests under e
 
 ``TensorBase``: a traced value's fields (``tensors.Tensor`` adds its methods and operators).
 ``RecorderBase``: the records a ``tracing.Tracer`` appends to (``_records``, ``_pending``,
-``_literals``, ``_calls``, ``_names``, ``_instance``, ``reuse_calls``, set by its ``__init__``)
-and ``record_one``, ``record_call`` and ``_append``, which need its ``_reads`` and
-``_outputs_again``. ``CellBase``: a cell's call (``cells.Cell._traced_call``). The C module
+``_literals``, ``_calls``, ``_names``, ``_instance``, ``reuse_calls``, ``reused_calls``, set by
+its ``__init__``) and ``record_one``, ``record_call``, ``_append`` and ``_outputs_again``,
+which need its ``_reads``. ``CellBase``: a cell's call (``cells.Cell._traced_call``). The C module
 also has ``elementwise`` and ``operands``, the common cases of ``ops._elementwise`` and
 ``ops._tensors``.
 
@@ -114,11 +114,24 @@ class PyRecorderBase:
             self._calls[seen] = index
         return tensors
 
+    def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
+                       types: Sequence[ValueType | None]) -> list[Any]:
+        """New tensors for the outputs of a call seen before (still pending): reading them reads
+        its record's outputs."""
+        self.reused_calls += 1
+        index = self._calls[seen]
+        return [self._pending_tensor(name, shape, dtype, vtype if vtype is not None else _tensor_type(dtype, shape), index)
+                for name, shape, dtype, vtype in zip(self._records[index].outputs, shapes, dtypes, types)]
+
     def _new_output(self, shape: tuple[int, ...], dtype: np.dtype, vtype: ValueType, index: int) -> Any:
+        """A new pending output of record ``index``."""
+        return self._pending_tensor(f"t{next(self._names)}", shape, dtype, vtype, index)
+
+    def _pending_tensor(self, name: str, shape: tuple[int, ...], dtype: np.dtype, vtype: ValueType, index: int) -> Any:
         """A pending output of record ``index``, its slots set here (a call of ``Tensor.__init__``
         costs more than they do); ``run_pending`` runs it while someone holds it."""
         tensor = _new_object(_tensor_class)
-        tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
+        tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, name, shape, dtype
         tensor.value, tensor.entry, tensor.producer = None, vtype, index
         self._pending.append(weakref.ref(tensor))
         return tensor

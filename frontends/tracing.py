@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from onnx import AttributeProto
 
-from autobatch.ir import Graph, Node, ValueType, is_nondeterministic
+from autobatch.ir import Graph, Node, is_nondeterministic
 from autobatch.ir.random_ops import MAYBE_NONDETERMINISTIC
 from autobatch.ir.types import MISSING
 from autobatch.ir.gc_pause import gc_paused
@@ -214,17 +214,6 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
             elif type(tensor.entry) is not str:  # per-instance data (a shared value's entry is its name)
                 self._literals[tensor.name] = tensor.value
         return preds
-
-    def _outputs_again(self, seen: tuple, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[np.dtype],
-                       types: list[ValueType]) -> list[Tensor]:
-        """New tensors for the outputs of a call seen before (still pending): reading them reads
-        its record's outputs."""
-        self.reused_calls += 1
-        index = self._calls[seen]
-        tensors = [Tensor(self, name, shape, dtype, None, vtype, index)
-                   for name, shape, dtype, vtype in zip(self._records[index].outputs, shapes, dtypes, types)]
-        self._pending += map(weakref.ref, tensors)
-        return tensors
 
     # ------------------------------------------------------------------ running
     def run(self, tensors: Sequence[Tensor]) -> list[np.ndarray]:
