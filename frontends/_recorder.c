@@ -24,10 +24,11 @@ static PyObject *current_batch_var; /* tensors._current (a ContextVar) */
 static PyObject *elementwise_python; /* ops._python_elementwise: everything but the common case */
 static PyObject *tensors_python;    /* ops._python_tensors: likewise */
 static PyObject *pick_python, *lookup_python;  /* ops._python_pick, ops._python_lookup: likewise */
+static PyObject *matmul_python;     /* ops._python_matmul: likewise */
 
 static PyObject *empty_string, *empty_tuple;
 static PyObject *str_reads, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
-    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows;
+    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows, *str_matmul, *str_parameters;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
     *str_entries;
 
@@ -568,11 +569,66 @@ static PyObject *recorder_record_call(RecorderObject *self, PyObject *const *arg
     return do_record_call(self, args[0], args[1]);
 }
 
+/* Tracer.record_outputs(op_type, inputs, shapes, dtypes, attrs=None): ``record_one`` of an op
+   with any number of outputs; a list of them. */
+static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "record_outputs(op_type, inputs, shapes, dtypes, attrs=None)");
+        return NULL;
+    }
+    if (!recorder_ready(self)) return NULL;
+    PyObject *attributes = attributes_or_none(nargs == 5 ? args[4] : Py_None);
+    if (attributes == NULL) return NULL;
+    PyObject *op_type = args[0], *names = NULL, *entries = NULL, *types = NULL, *seen = NULL, *key = NULL;
+    PyObject *shapes = PySequence_Tuple(args[2]), *dtypes = shapes == NULL ? NULL : PySequence_Tuple(args[3]);
+    PyObject *preds = PyList_New(0), *attributes_id = PyLong_FromVoidPtr(attributes), *result = NULL;
+    if (dtypes == NULL || preds == NULL || attributes_id == NULL) goto done;
+    if (read_operands(self, args[1], &names, preds, &entries) < 0) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(shapes) < PyTuple_GET_SIZE(dtypes) ? PyTuple_GET_SIZE(shapes)
+                                                                       : PyTuple_GET_SIZE(dtypes), k;
+    types = PyList_New(n);
+    if (types == NULL) goto done;
+    for (k = 0; k < n; k++) {
+        PyObject *type_args[] = {PyTuple_GET_ITEM(dtypes, k), PyTuple_GET_ITEM(shapes, k)};
+        PyObject *vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
+        if (vtype == NULL) goto done;
+        PyList_SET_ITEM(types, k, vtype);
+    }
+    if (self->reuse_calls) {
+        PyObject *head[] = {op_type, empty_string, attributes_id};
+        seen = seen_key(head, 3, names);
+        if (seen == NULL) goto done;
+        int known = PyDict_Contains(self->calls, seen);
+        if (known < 0) goto done;
+        if (known) {
+            result = do_outputs_again(self, seen, shapes, dtypes, types);
+            goto done;
+        }
+    }
+    key = PyTuple_Pack(4, empty_string, op_type, attributes_id, entries);
+    if (key != NULL)
+        result = do_append(self, op_type, empty_string, preds, names, attributes, shapes, dtypes, types, entries, key,
+                           seen != NULL ? seen : Py_None);
+done:
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
+    Py_XDECREF(preds);
+    Py_XDECREF(attributes_id);
+    Py_XDECREF(names);
+    Py_XDECREF(entries);
+    Py_XDECREF(types);
+    Py_XDECREF(seen);
+    Py_XDECREF(key);
+    return result;
+}
+
 static PyMethodDef recorder_methods[] = {
     {"record_one", (PyCFunction)(void (*)(void))recorder_record_one, METH_FASTCALL | METH_KEYWORDS,
      "record_one(op_type, inputs, shape, dtype, attrs=None): the common op's record; its output tensor."},
     {"record_call", (PyCFunction)(void (*)(void))recorder_record_call, METH_FASTCALL,
      "record_call(call, inputs): a call whose signature was worked out once; its output tensors."},
+    {"record_outputs", (PyCFunction)(void (*)(void))recorder_record_outputs, METH_FASTCALL,
+     "record_outputs(op_type, inputs, shapes, dtypes, attrs=None): record_one of an op of several outputs."},
     {"_outputs_again", (PyCFunction)(void (*)(void))recorder_outputs_again, METH_FASTCALL,
      "_outputs_again(seen, shapes, dtypes, types): new tensors for the outputs of a pending call seen before."},
     {"_append", (PyCFunction)(void (*)(void))recorder_append, METH_FASTCALL,
@@ -610,6 +666,25 @@ static PyTypeObject RecorderBaseType = {
 /* ``ops._tensors``' common case: every value a Tensor of one batch (or a Parameter, read as that
    batch's tensor) and of one dtype, and that batch the one traced into (or none is). A new list
    of them; NULL with no error set when they are not that case; NULL with an error on failure. */
+/* ``batch.parameter(p)``: its tensor in this batch (new reference), looked up in the batch's
+   memo (``Tracer._parameters``, by the parameter's id) and made by the Python the first time. */
+static PyObject *parameter_tensor(PyObject *batch, PyObject *parameter) {
+    PyObject *memo = PyObject_GetAttr(batch, str_parameters);
+    if (memo != NULL && PyDict_Check(memo)) {
+        PyObject *id = PyLong_FromVoidPtr(parameter);
+        PyObject *known = id == NULL ? NULL : PyDict_GetItemWithError(memo, id);  /* borrowed */
+        Py_XDECREF(id);
+        if (known != NULL) {
+            Py_INCREF(known);
+            Py_DECREF(memo);
+            return known;
+        }
+    }
+    Py_XDECREF(memo);
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_CallMethodOneArg(batch, str_parameter, parameter);
+}
+
 static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
     if (n < 1 || Py_TYPE(values[0]) != (PyTypeObject *)tensor_class) return NULL;
     TensorObject *first = (TensorObject *)values[0];
@@ -624,7 +699,7 @@ static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
     for (k = 0; k < n; k++) {
         PyObject *value = values[k];
         if (Py_TYPE(value) == (PyTypeObject *)parameter_class) {
-            value = PyObject_CallMethodOneArg(batch, str_parameter, value);
+            value = parameter_tensor(batch, value);
             if (value == NULL) goto error;
         } else {
             Py_INCREF(value);
@@ -739,6 +814,44 @@ static PyObject *lookup(PyObject *module, PyObject *const *args, Py_ssize_t narg
     PyObject *row = nargs == 2 ? known_row(args[0], args[1]) : NULL;
     if (row != NULL || PyErr_Occurred()) return row;
     return PyObject_Vectorcall(lookup_python, args, nargs, NULL);
+}
+
+/* ops.matmul(a, b) where ``a`` is ``[k]`` or ``[m, k]`` and ``b`` is ``[k, n]`` (operands as
+   ``operands`` takes them); the Python function otherwise (batch axes, a mismatch's error). */
+static PyObject *matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured() || matmul_python == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "_recorder.matmul used before configure_ops()");
+        return NULL;
+    }
+    PyObject *inputs = nargs == 2 ? common_operands(args, 2) : NULL, *result = NULL;
+    if (inputs == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(matmul_python, args, nargs, NULL);
+    }
+    TensorObject *x = (TensorObject *)PyList_GET_ITEM(inputs, 0), *w = (TensorObject *)PyList_GET_ITEM(inputs, 1);
+    PyObject *a = x->shape, *b = w->shape, *shape = NULL;
+    if (a != NULL && b != NULL && PyTuple_CheckExact(a) && PyTuple_CheckExact(b) && PyTuple_GET_SIZE(b) == 2
+        && (PyTuple_GET_SIZE(a) == 1 || PyTuple_GET_SIZE(a) == 2)) {
+        Py_ssize_t rank = PyTuple_GET_SIZE(a);
+        int fits = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, rank - 1), PyTuple_GET_ITEM(b, 0), Py_EQ);
+        if (fits < 0) goto done;
+        if (fits) shape = rank == 1 ? PyTuple_Pack(1, PyTuple_GET_ITEM(b, 1))
+                                    : PyTuple_Pack(2, PyTuple_GET_ITEM(a, 0), PyTuple_GET_ITEM(b, 1));
+        if (fits && shape == NULL) goto done;
+    }
+    if (shape == NULL) {
+        Py_DECREF(inputs);
+        return PyObject_Vectorcall(matmul_python, args, nargs, NULL);
+    }
+    PyObject *batch = Py_NewRef(x->batch), *dtype = Py_NewRef(x->dtype);
+    if (recorder_ready((RecorderObject *)batch))
+        result = do_record_one((RecorderObject *)batch, str_matmul, inputs, shape, dtype, no_attributes);
+    Py_DECREF(batch);
+    Py_DECREF(dtype);
+done:
+    Py_XDECREF(shape);
+    Py_DECREF(inputs);
+    return result;
 }
 
 /* ------------------------------------------------------------------ cell calls */
@@ -896,9 +1009,9 @@ static PyObject *configure_records(PyObject *module, PyObject *args) {
 }
 
 static PyObject *configure_ops(PyObject *module, PyObject *args) {
-    PyObject *parameter, *current, *python, *python_tensors, *python_pick, *python_lookup;
-    if (!PyArg_ParseTuple(args, "O!OOOOO:configure_ops", &PyType_Type, &parameter, &current, &python, &python_tensors,
-                          &python_pick, &python_lookup))
+    PyObject *parameter, *current, *python, *python_tensors, *python_pick, *python_lookup, *python_matmul;
+    if (!PyArg_ParseTuple(args, "O!OOOOOO:configure_ops", &PyType_Type, &parameter, &current, &python, &python_tensors,
+                          &python_pick, &python_lookup, &python_matmul))
         return NULL;
     if (!PyContextVar_CheckExact(current)) {
         PyErr_SetString(PyExc_TypeError, "configure_ops: the current batch must be a ContextVar");
@@ -910,6 +1023,7 @@ static PyObject *configure_ops(PyObject *module, PyObject *args) {
     set_global(&tensors_python, python_tensors);
     set_global(&pick_python, python_pick);
     set_global(&lookup_python, python_lookup);
+    set_global(&matmul_python, python_matmul);
     Py_RETURN_NONE;
 }
 
@@ -917,8 +1031,9 @@ static PyMethodDef module_methods[] = {
     {"configure_records", configure_records, METH_VARARGS,
      "configure_records(Tensor, Record, NO_ATTRIBUTES, tensor_type): the classes records are made of."},
     {"configure_ops", configure_ops, METH_VARARGS,
-     "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors, python_pick, python_lookup): "
-     "what the ops need."},
+     "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors, python_pick, python_lookup, "
+     "python_matmul): what the ops need."},
+    {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL, "matmul(a, b): ops.matmul's common case in C."},
     {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL,
      "pick(x, i): ops.pick's known row of a parameter in C."},
     {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL,
@@ -950,6 +1065,8 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_scalars = PyUnicode_InternFromString("_scalars");
     str_folds_lookups = PyUnicode_InternFromString("folds_lookups");
     str_rows = PyUnicode_InternFromString("_rows");
+    str_matmul = PyUnicode_InternFromString("MatMul");
+    str_parameters = PyUnicode_InternFromString("_parameters");
     str_repeatable = PyUnicode_InternFromString("repeatable");
     str_shapes = PyUnicode_InternFromString("shapes");
     str_dtypes = PyUnicode_InternFromString("dtypes");
@@ -960,7 +1077,7 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_entries = PyUnicode_InternFromString("entries");
     if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
-        || !str_scalars || !str_folds_lookups || !str_rows || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
+        || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
         || !str_entries)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);

@@ -161,6 +161,11 @@ def esum(xs: Sequence[Operand]) -> Tensor:
 
 # ----------------------------------------------------------------------------- linear algebra
 def matmul(a: Operand, b: Operand) -> Tensor:
+    """``a @ b``, NumPy's matmul (batch axes broadcast)."""
+    return _matmul(a, b)
+
+
+def _python_matmul(a: Operand, b: Operand) -> Tensor:
     x, w = _tensors("MatMul", a, b)
     shape = _matmul_shape(x.shape, w.shape)
     if shape is None:
@@ -191,15 +196,26 @@ def affine(x: Operand, weight: Operand, bias: Operand) -> Tensor:
 # ----------------------------------------------------------------------------- structure
 def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
     inputs = _tensors("Concat", *xs)
-    rank = inputs[0].ndim
+    first = inputs[0].shape
+    rank = len(first)
     axis = axis + rank if axis < 0 else axis
-    if any(t.ndim != rank for t in inputs) or not 0 <= axis < rank or any(
-        t.shape[:axis] + t.shape[axis + 1:] != inputs[0].shape[:axis] + inputs[0].shape[axis + 1:] for t in inputs
-    ):
-        raise TraceError(f"Concat on axis {axis}: shapes {[t.shape for t in inputs]} do not fit")
-    shape = list(inputs[0].shape)
-    shape[axis] = sum(t.shape[axis] for t in inputs)
-    return inputs[0].batch.record_one("Concat", inputs, tuple(shape), inputs[0].dtype, attributes(axis=axis))
+    head, tail, length = first[:axis], first[axis + 1:], 0
+    for t in inputs:  # one loop, no generators: this runs for every traced concat
+        if len(t.shape) != rank or not 0 <= axis < rank or t.shape[:axis] != head or t.shape[axis + 1:] != tail:
+            raise TraceError(f"Concat on axis {axis}: shapes {[t.shape for t in inputs]} do not fit")
+        length += t.shape[axis]
+    return inputs[0].batch.record_one("Concat", inputs, (*head, length, *tail), inputs[0].dtype, _axis(axis))
+
+
+_AXES: dict[int, dict] = {}
+
+
+def _axis(axis: int) -> dict:
+    """``attributes(axis=axis)``, without building keywords a call (made once an axis)."""
+    made = _AXES.get(axis)
+    if made is None:
+        made = _AXES[axis] = attributes(axis=axis)
+    return made
 
 
 def stack(xs: Sequence[Operand]) -> Tensor:
@@ -220,8 +236,8 @@ def split(x: Operand, parts: int, axis: int = 0) -> list[Tensor]:
         raise TraceError(f"Split: axis {axis} of shape {t.shape} does not split into {parts} equal parts")
     shape = list(t.shape)
     shape[axis] //= parts
-    return t.batch.record("Split", [t], [tuple(shape)] * parts, [t.dtype] * parts,
-                          attributes(axis=axis, num_outputs=parts))
+    return t.batch.record_outputs("Split", [t], [tuple(shape)] * parts, [t.dtype] * parts,
+                                  attributes(axis=axis, num_outputs=parts))
 
 
 def reshape(x: Operand, shape: Sequence[int]) -> Tensor:
@@ -306,12 +322,12 @@ def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
     return pick(table, i)
 
 
-if recorder.compiled:  # a row looked up before in this batch, in C; the rest as above
+if recorder.compiled:  # a row looked up before in this batch, and matmul's common case, in C; the rest as above
     recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors, _python_pick,
-                                    _python_lookup)
-    _pick, _lookup = recorder.compiled.pick, recorder.compiled.lookup
+                                    _python_lookup, _python_matmul)
+    _pick, _lookup, _matmul = recorder.compiled.pick, recorder.compiled.lookup, recorder.compiled.matmul
 else:
-    _pick, _lookup = _python_pick, _python_lookup
+    _pick, _lookup, _matmul = _python_pick, _python_lookup, _python_matmul
 
 
 def pick(x: Operand, i: Any) -> Tensor:

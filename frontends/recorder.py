@@ -1,7 +1,7 @@
 """Tracing's hot path: what every traced op and cell call runs (issue 19's "a recorder near
 Python's floor").
 
-Two implementations of the same two base classes: ``_recorder.c``, compiled by ``pip install``
+Two implementations of the same three base classes: ``_recorder.c``, compiled by ``pip install``
 where a C compiler is (about twice as fast a traced op), and the Python below, used where it did
 not build or when ``AUTOBATCH_PURE_PYTHON`` is set in the environment. ``COMPILED`` says which
 runs. Both are tested (``tests/test_recorder.py`` runs the tracing tests under each).
@@ -9,10 +9,11 @@ runs. Both are tested (``tests/test_recorder.py`` runs the tracing tests under e
 ``TensorBase``: a traced value's fields (``tensors.Tensor`` adds its methods and operators).
 ``RecorderBase``: the records a ``tracing.Tracer`` appends to (``_records``, ``_pending``,
 ``_literals``, ``_calls``, ``_names``, ``_instance``, ``reuse_calls``, ``reused_calls``, set by
-its ``__init__``) and ``record_one``, ``record_call``, ``_append`` and ``_outputs_again``,
-which need its ``_reads``. ``CellBase``: a cell's call (``cells.Cell._traced_call``). The C module
-also has ``elementwise`` and ``operands``, the common cases of ``ops._elementwise`` and
-``ops._tensors``.
+its ``__init__``) and ``record_one``, ``record_outputs``, ``record_call``, ``_append`` and
+``_outputs_again``, which need its ``_reads``. ``CellBase``: a cell's call
+(``cells.Cell._traced_call``). The C module
+also has the common cases of ``ops._elementwise``, ``ops._tensors``, ``ops.matmul``,
+``ops.pick`` and ``ops.lookup``.
 
 What the compiled classes do not do that Python classes would: call a subclass's override of
 these methods from each other (``elementwise`` records through C's ``record_one``), take other
@@ -87,6 +88,22 @@ class PyRecorderBase:
         if seen is not None:  # known to reuse_calls once recorded
             self._calls[seen] = index
         return tensor
+
+    def record_outputs(self, op_type: str, inputs: Sequence[Any], shapes: Sequence[tuple[int, ...]],
+                       dtypes: Sequence[np.dtype], attrs: dict[str, AttributeProto] | None = None) -> list[Any]:
+        """``record_one`` of an op with any number of outputs; a list of them."""
+        attributes = attrs or _no_attributes
+        attributes_id = id(attributes)
+        names, preds = self._operands(inputs)
+        entries = tuple([tensor.entry for tensor in inputs])
+        types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
+        seen = None
+        if self.reuse_calls:
+            seen = (op_type, "", attributes_id, *names)
+            if seen in self._calls:
+                return self._outputs_again(seen, shapes, dtypes, types)
+        return self._append(op_type, "", preds, names, attributes, shapes, dtypes, types, entries,
+                            ("", op_type, attributes_id, entries), seen)
 
     def record_call(self, call: Any, inputs: Sequence[Any]) -> list[Any]:
         """Append a call whose signature was worked out once (a cell's ``PreparedCall``, for these
