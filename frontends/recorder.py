@@ -124,9 +124,17 @@ class PyRecorderBase:
         """An op of any kind, reading the records ``preds`` (``Tracer._reads``); ``seen``: the
         call as ``reuse_calls`` knows it (None: not reused)."""
         index = len(self._records)
-        tensors = [self._new_output(shape, dtype, vtype, index) for shape, dtype, vtype in zip(shapes, dtypes, types)]
-        self._records.append(new_record(Record, (op_type, domain, names, [t.name for t in tensors], attributes, types,
-                                                 entries, key, preds, self._instance, ())))
+        tensors, outputs = [], []
+        pending = self._pending
+        for shape, dtype, vtype in zip(shapes, dtypes, types):  # ``_pending_tensor``, inlined: every cell call runs this
+            tensor = _new_object(_tensor_class)
+            tensor.batch, tensor.name, tensor.shape, tensor.dtype = self, f"t{next(self._names)}", shape, dtype
+            tensor.value, tensor.entry, tensor.producer = None, vtype, index
+            pending.append(weakref.ref(tensor))
+            tensors.append(tensor)
+            outputs.append(tensor.name)
+        self._records.append(new_record(Record, (op_type, domain, names, outputs, attributes, types, entries, key,
+                                                 preds, self._instance, ())))
         if seen is not None:  # known to reuse_calls once recorded
             self._calls[seen] = index
         return tensors
