@@ -17,6 +17,7 @@ from autobatch.frontends.tracing import Tracer
 RNG = np.random.default_rng(0)
 W = Parameter(RNG.standard_normal((4, 4)).astype(np.float32), name="W")
 B = Parameter(RNG.standard_normal(4).astype(np.float32), name="B")
+E = Parameter(RNG.standard_normal((6, 4)).astype(np.float32), name="E")
 
 
 @cell
@@ -27,6 +28,11 @@ def step(h, c):
 @cell
 def scaled(x, k):
     return x * k
+
+
+@cell
+def shifted(n, k):
+    return n + k
 
 
 def small_programs(batch: Tracer) -> list:
@@ -42,6 +48,11 @@ def small_programs(batch: Tracer) -> list:
         scaled(x, 0.5), scaled(h, 2.0), step(m, m)[0],
         ops.sigmoid(ops.sub(x, h)), ops.div(h, ops.exp(x)), ops.neg(ops.log(ops.relu(x) + 1.0)),
         ops.square(x), -x, x[1],
+        scaled(x, B), shifted(n, 3), shifted(n, 3), step(x, ops.lookup(E, 2))[0],  # a parameter, ints: the memo's
+        ops.lookup(E, 2), ops.lookup(E, 2), ops.lookup(E, -1), ops.pick(E, np.int64(5)), ops.lookup(E, [1, 2]),
+        ops.matmul(x, W), ops.matmul(x, W), ops.matmul(W, W), ops.matmul(B, W),
+        ops.matmul(ops.stack([m, m]), W),  # batch axes: the Python's
+        *ops.split(x, 2), *ops.split(x, 2), *ops.split(m, 3), ops.concat([m, m], axis=1), ops.concat([x, x, h]),
     ]
     with batch.instance():
         outs.append(ops.affine(ops.tanh(x), W, B))
