@@ -200,9 +200,14 @@ static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dty
    reading them reads its record's outputs. */
 static PyObject *do_outputs_again(RecorderObject *self, PyObject *seen, PyObject *shapes, PyObject *dtypes,
                                   PyObject *types) {
+    self->reused_calls++;  /* counted first, as in Python */
     PyObject *at = PyDict_GetItemWithError(self->calls, seen);  /* borrowed */
     if (at == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, seen);
+        if (!PyErr_Occurred()) {
+            PyObject *key = PyTuple_Pack(1, seen);  /* KeyError(seen), the key whole */
+            if (key != NULL) PyErr_SetObject(PyExc_KeyError, key);
+            Py_XDECREF(key);
+        }
         return NULL;
     }
     Py_ssize_t index = PyLong_AsSsize_t(at);
@@ -223,7 +228,6 @@ static PyObject *do_outputs_again(RecorderObject *self, PyObject *seen, PyObject
     if (PyTuple_GET_SIZE(shape_seq) < n) n = PyTuple_GET_SIZE(shape_seq);
     if (PyTuple_GET_SIZE(dtype_seq) < n) n = PyTuple_GET_SIZE(dtype_seq);
     if (PyTuple_GET_SIZE(type_seq) < n) n = PyTuple_GET_SIZE(type_seq);
-    self->reused_calls++;
     tensors = PyList_New(n);
     if (tensors == NULL) goto done;
     for (k = 0; k < n; k++) {
@@ -435,16 +439,19 @@ static PyObject *attributes_or_none(PyObject *attrs) {
 }
 
 /* Tracer.record_one(op_type, inputs, shape, dtype, attrs=None) */
+/* The ``attrs`` of ``(op_type, inputs, shape(s), dtype(s), attrs=None)`` given positionally or by
+   keyword (borrowed; Py_None when not given), or NULL (no error set) for any other arguments. */
+static PyObject *attrs_argument(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs < 4 || nargs + keywords > 5) return NULL;
+    if (keywords == 0) return nargs == 5 ? args[4] : Py_None;
+    return PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "attrs") == 0 ? args[nargs] : NULL;
+}
+
 static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
-    PyObject *attrs = nargs == 5 ? args[4] : Py_None;
-    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    int usage = nargs < 4 || nargs + keywords > 5;
-    if (!usage && keywords == 1) {
-        usage = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "attrs") != 0;
-        attrs = args[nargs];
-    }
-    if (usage) {
+    PyObject *attrs = attrs_argument(args, nargs, kwnames);
+    if (attrs == NULL) {
         PyErr_SetString(PyExc_TypeError, "record_one(op_type, inputs, shape, dtype, attrs=None)");
         return NULL;
     }
@@ -571,13 +578,15 @@ static PyObject *recorder_record_call(RecorderObject *self, PyObject *const *arg
 
 /* Tracer.record_outputs(op_type, inputs, shapes, dtypes, attrs=None): ``record_one`` of an op
    with any number of outputs; a list of them. */
-static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 4 || nargs > 5) {
+static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                         PyObject *kwnames) {
+    PyObject *attrs = attrs_argument(args, nargs, kwnames);
+    if (attrs == NULL) {
         PyErr_SetString(PyExc_TypeError, "record_outputs(op_type, inputs, shapes, dtypes, attrs=None)");
         return NULL;
     }
     if (!recorder_ready(self)) return NULL;
-    PyObject *attributes = attributes_or_none(nargs == 5 ? args[4] : Py_None);
+    PyObject *attributes = attributes_or_none(attrs);
     if (attributes == NULL) return NULL;
     PyObject *op_type = args[0], *names = NULL, *entries = NULL, *types = NULL, *seen = NULL, *key = NULL;
     PyObject *shapes = PySequence_Tuple(args[2]), *dtypes = shapes == NULL ? NULL : PySequence_Tuple(args[3]);
@@ -627,7 +636,7 @@ static PyMethodDef recorder_methods[] = {
      "record_one(op_type, inputs, shape, dtype, attrs=None): the common op's record; its output tensor."},
     {"record_call", (PyCFunction)(void (*)(void))recorder_record_call, METH_FASTCALL,
      "record_call(call, inputs): a call whose signature was worked out once; its output tensors."},
-    {"record_outputs", (PyCFunction)(void (*)(void))recorder_record_outputs, METH_FASTCALL,
+    {"record_outputs", (PyCFunction)(void (*)(void))recorder_record_outputs, METH_FASTCALL | METH_KEYWORDS,
      "record_outputs(op_type, inputs, shapes, dtypes, attrs=None): record_one of an op of several outputs."},
     {"_outputs_again", (PyCFunction)(void (*)(void))recorder_outputs_again, METH_FASTCALL,
      "_outputs_again(seen, shapes, dtypes, types): new tensors for the outputs of a pending call seen before."},
@@ -881,10 +890,13 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *tensors = NULL, *scalars = NULL;
     if (!ops_configured()) return NULL;
     int common = n > 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0);
-    for (k = 0; k < n && common && batch == NULL; k++) {  /* ops._batch_of: the first tensor's batch */
+    for (k = 0; k < n && common; k++) {  /* ops._batch_of: the first tensor's batch */
         PyObject *value = PyTuple_GET_ITEM(args, k);
-        if (Py_TYPE(value) == (PyTypeObject *)tensor_class) batch = ((TensorObject *)value)->batch;
-        else common = !PyObject_TypeCheck(value, &TensorBaseType);  /* a subclass of Tensor: the Python */
+        if (Py_TYPE(value) == (PyTypeObject *)tensor_class) {
+            if (batch == NULL) batch = ((TensorObject *)value)->batch;
+        } else {
+            common = !PyObject_TypeCheck(value, &TensorBaseType);  /* a subclass of Tensor: the Python */
+        }
     }
     if (common) {
         if (PyContextVar_Get(current_batch_var, NULL, &active) < 0) return NULL;
@@ -946,13 +958,14 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
         Py_XDECREF(entries);
         Py_XDECREF(listed);
         if (prepared == NULL) goto done;
-        int failed = PyDict_SetItem(calls, key, prepared) < 0;
-        Py_DECREF(prepared);
-        if (failed) goto done;
-        call = PyDict_GetItemWithError(calls, key);
-        if (call == NULL) goto done;
+        if (PyDict_SetItem(calls, key, prepared) < 0) {
+            Py_DECREF(prepared);
+            goto done;
+        }
+        call = prepared;  /* the reference made here, given up below */
+    } else {
+        Py_INCREF(call);
     }
-    Py_INCREF(call);
     if (recorder_ready((RecorderObject *)batch)) outputs = do_record_call((RecorderObject *)batch, call, tensors);
     Py_DECREF(call);
     if (outputs == NULL) goto done;

@@ -17,8 +17,10 @@ also has the common cases of ``ops._elementwise``, ``ops._tensors``, ``ops.matmu
 
 What the compiled classes do not do that Python classes would: call a subclass's override of
 these methods from each other (``elementwise`` records through C's ``record_one``), take other
-than integers in ``producer`` and ``_instance`` or other than a bool in ``reuse_calls``, or
-pickle a tensor.
+than integers in ``producer`` and ``_instance`` or other than a bool in ``reuse_calls``, take
+arguments by keyword but ``attrs``, pickle a tensor, or check a row looked up again against a
+parameter whose array was assigned fewer rows within the block (the Python's memo of rows
+does not either, for rows still in range).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class PyRecorderBase:
         """``record_one`` of an op with any number of outputs; a list of them."""
         attributes = attrs or _no_attributes
         attributes_id = id(attributes)
+        inputs = tuple(inputs)  # read twice
         names, preds = self._operands(inputs)
         entries = tuple([tensor.entry for tensor in inputs])
         types = [_tensor_type(dtype, shape) for shape, dtype in zip(shapes, dtypes)]
