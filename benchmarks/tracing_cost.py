@@ -21,6 +21,7 @@ import numpy as np
 
 from autobatch import Batch, Parameter, arguments, cell, ops
 from autobatch.batcher.plan import BatchReport
+from autobatch.frontends import recorder
 from autobatch.frontends.tracing import Tracer
 from benchmarks.tasks import build
 
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     records, seconds = min((planned() for _ in range(args.repeats)), key=lambda run: run[1])
     us["planning, a primitive record"] = seconds / records * 1e6
     print(f"size {args.size}; {args.steps} steps traced a run; {args.instances} chains, {records} records planned; "
-          f"fastest of {args.repeats}")
+          f"fastest of {args.repeats}; the {'compiled' if recorder.COMPILED else 'Python'} recorder "
+          f"(AUTOBATCH_PURE_PYTHON=1 runs the Python one)")
     for name, value in us.items():
         floor = us["bare recorder, an op"]
         versus = f"{value / floor:6.1f}x the bare recorder" if "planning" not in name else ""
