@@ -304,11 +304,16 @@ def is_batched(variant: str) -> bool:
     return "batched " in variant
 
 
+def is_autobatched(variant: str) -> bool:
+    """A DyNet run with its autobatching on (``autobatch=0`` is one instance at a time)."""
+    return variant.startswith("autobatch=") and variant != "autobatch=0"
+
+
 def table(records: list[Record], peak: float) -> list[str]:
     lines = []
     for name in dict.fromkeys(r.task for r in records):
         rs = [r for r in records if r.task == name]
-        dynet = best(rs, system="dynet", variant=lambda v: v.startswith("autobatch"))
+        dynet = best(rs, system="dynet", variant=is_autobatched)
         hand = best(rs, variant=lambda v: v in ("hand-batched", "hand-padded"))
         lines.append(f"\n{name}: minibatch {rs[0].batch_size}; best DyNet autobatch: "
                      f"{dynet.variant + f' {dynet.instances_per_s:.1f}/s' if dynet else 'n/a'}; best hand batching: "
@@ -357,7 +362,7 @@ def verdicts(records: list[Record]) -> list[str]:
                          f"(kernels) alone take {kernels * 1e3:.1f} ms, leaving {(budget - kernels) * 1e3:.1f} ms for "
                          f"tracing, batching and gathers (now {(ours.seconds - kernels) * 1e3:.1f} ms)")
 
-    autobatch = {"system": "dynet", "variant": lambda v: v.startswith("autobatch")}
+    autobatch = {"system": "dynet", "variant": is_autobatched}
     speed("Tree-LSTM: ours / DyNet best strategy", "treelstm", 2.0, **autobatch)
     speed("BiLSTM tagger: ours / DyNet best autobatch", "bilstm", 2.0, **autobatch)
     speed("BiLSTM tagger: ours / PyTorch hand-padded (packed)", "bilstm", 1.0, strict=True, system="pytorch",
@@ -380,6 +385,39 @@ def verdicts(records: list[Record]) -> list[str]:
         if fastest:
             lines.append(f"  (our fastest variant, {fastest.variant}, {fastest.backend}: {fastest.launches} / "
                          f"{fastest.lower_bound} = {launch_ratio(fastest):.2f})")
+    return lines
+
+
+# Issue 19's targets: (column, the form our row is taken from (None: the fastest), the peer, the least ratio)
+ISSUE_19 = (("primitive / DyNet", "primitive", "dynet", 0.5), ("cells / DyNet", "cells", "dynet", 2.0),
+            ("fastest / PyTorch", None, "pytorch", 1.0))
+
+
+def issue_19_table(records: list[Record]) -> list[str]:
+    """Issue 19's table: per task, instances a second of our best batched row of each form and
+    of the peers' best, and each target's ratio, MET or how far short."""
+    lines = ["| task | ours, primitive | ours, cells | ours, fastest form | DyNet best | PyTorch hand-batched | "
+             + " | ".join(f"{column} (>= {want})" for column, _, _, want in ISSUE_19) + " |",
+             "|" + "---|" * (6 + len(ISSUE_19))]
+    for task in dict.fromkeys(r.task for r in records):
+        ours = {form: best(records, task=task, system="ours",
+                           variant=lambda v, form=form: is_batched(v) and (form is None or v.startswith(form + ",")))
+                for form in ("primitive", "cells", None)}
+        peers = {"dynet": best(records, task=task, system="dynet", variant=is_autobatched),
+                 "pytorch": best(records, task=task, system="pytorch", variant="hand-batched")}
+        rate = [f"{r.instances_per_s:,.1f}" if r else "-" for r in (ours["primitive"], ours["cells"])]
+        fastest = ours[None]
+        rate.append(f"{fastest.instances_per_s:,.1f} ({fastest.variant.split(',')[0]})" if fastest else "-")
+        rate += [f"{r.instances_per_s:,.1f}" if r else "-" for r in peers.values()]
+        verdicts = []
+        for _, form, peer, want in ISSUE_19:
+            mine, theirs = ours[form], peers[peer]
+            if mine is None or theirs is None:
+                verdicts.append("not measured")
+                continue
+            got = mine.instances_per_s / theirs.instances_per_s
+            verdicts.append(f"{got:.2f} MET" if got >= want else f"{got:.2f} missed ({want / got:.1f}x short)")
+        lines.append(f"| {task} | " + " | ".join(rate + verdicts) + " |")
     return lines
 
 
@@ -577,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         print("\ntargets (size %d, minibatch %d):" % (args.size, args.minibatch))
         print("\n".join(verdicts(records)))
+        print("\nissue 19's targets (instances/s; our best batched row of each form, the peers' best):")
+        print("\n".join(issue_19_table(records)))
         print("\nwhere the time goes (our fastest batched variant of each task; report.seconds + timers):")
         for name in args.tasks:
             fastest = best(records, task=name, system="ours", variant=is_batched)

@@ -136,3 +136,20 @@ def test_tracing_cost_measures_each_way_beside_the_bare_recorder(capsys) -> None
     assert all(value > 0 for value in us.values())
     printed = capsys.readouterr().out
     assert "x the bare recorder" in printed and "records planned" in printed and "lower bound" in printed
+
+
+def test_issue_19_table_takes_each_forms_best_row_and_says_how_far_a_target_is() -> None:
+    from benchmarks.paper import Record, issue_19_table
+
+    def row(system: str, variant: str, rate: float) -> Record:
+        return Record("treelstm", system, variant, "onnxruntime", 64, rate)
+
+    records = [row("ours", "primitive, batched depth", 100.0), row("ours", "primitive, batched level", 150.0),
+               row("ours", "primitive, one at a time", 900.0),  # not batched: not a candidate
+               row("ours", "cells, batched level", 800.0), row("ours", "fold, batched agenda", 1200.0),
+               row("dynet", "autobatch=1", 400.0), row("dynet", "autobatch=0", 4000.0),  # not autobatch: left out
+               row("pytorch", "hand-batched", 1500.0)]
+    header, _, line = issue_19_table(records)
+    assert "primitive / DyNet (>= 0.5)" in header
+    assert line == ("| treelstm | 150.0 | 800.0 | 1,200.0 (fold) | 400.0 | 1,500.0 | 0.38 missed (1.3x short) | "
+                    "2.00 MET | 0.80 missed (1.2x short) |")
