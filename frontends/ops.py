@@ -80,12 +80,6 @@ def _python_elementwise(op_type: str, *values: Operand) -> Tensor:
     return inputs[0].batch.record_one(op_type, inputs, shape, inputs[0].dtype)
 
 
-if recorder.compiled:  # their common cases in C (tensors of one batch, dtype and shape), the rest as above
-    _tensors, _elementwise = recorder.compiled.operands, recorder.compiled.elementwise
-else:
-    _tensors, _elementwise = _python_tensors, _python_elementwise
-
-
 # ----------------------------------------------------------------------------- elementwise
 def add(a: Operand, b: Operand) -> Tensor:
     return _elementwise("Add", a, b)
@@ -322,12 +316,18 @@ def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
     return pick(table, i)
 
 
-if recorder.compiled:  # a row looked up before in this batch, and matmul's common case, in C; the rest as above
+# Where the recorder is compiled, the common cases of these run in C (tensors of one batch and
+# dtype; elementwise of one shape; matmul of [k] or [m, k] by [k, n]; a row looked up before in
+# the batch), and everything else through the Python functions above, which C calls.
+if recorder.compiled:
     recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors, _python_pick,
                                     _python_lookup, _python_matmul)
-    _pick, _lookup, _matmul = recorder.compiled.pick, recorder.compiled.lookup, recorder.compiled.matmul
+    _tensors, _elementwise, _matmul, _pick, _lookup = (
+        recorder.compiled.operands, recorder.compiled.elementwise, recorder.compiled.matmul, recorder.compiled.pick,
+        recorder.compiled.lookup)
 else:
-    _pick, _lookup, _matmul = _python_pick, _python_lookup, _python_matmul
+    _tensors, _elementwise, _matmul, _pick, _lookup = (
+        _python_tensors, _python_elementwise, _python_matmul, _python_pick, _python_lookup)
 
 
 def pick(x: Operand, i: Any) -> Tensor:
