@@ -7,8 +7,10 @@
    is handed to the Python code, so the two cannot disagree on it.
 
    TensorBase: a traced value's fields (the Python `Tensor` subclasses it, adding methods).
-   RecorderBase: the records a `Tracer` appends to, and `record_one`, `record_call`, `_append`.
-   elementwise(op_type, *operands): `ops._elementwise` for tensors of one batch, dtype and shape. */
+   RecorderBase: the records a `Tracer` appends to, and `record_one`, `record_outputs`,
+   `record_call`, `_append`, `_outputs_again`.
+   CellBase: a cell's call (`cells.Cell._traced_call` in Python).
+   operands, elementwise, matmul, pick, lookup: the common cases of `ops`' functions. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -438,7 +440,6 @@ static PyObject *attributes_or_none(PyObject *attrs) {
     return truth < 0 ? NULL : truth ? attrs : no_attributes;
 }
 
-/* Tracer.record_one(op_type, inputs, shape, dtype, attrs=None) */
 /* The ``attrs`` of ``(op_type, inputs, shape(s), dtype(s), attrs=None)`` given positionally or by
    keyword (borrowed; Py_None when not given), or NULL (no error set) for any other arguments. */
 static PyObject *attrs_argument(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -448,6 +449,7 @@ static PyObject *attrs_argument(PyObject *const *args, Py_ssize_t nargs, PyObjec
     return PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "attrs") == 0 ? args[nargs] : NULL;
 }
 
+/* Tracer.record_one(op_type, inputs, shape, dtype, attrs=None) */
 static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
     PyObject *attrs = attrs_argument(args, nargs, kwnames);
@@ -530,6 +532,20 @@ static PyObject *recorder_append(RecorderObject *self, PyObject *const *args, Py
                      args[10]);
 }
 
+/* A call seen before (``seen`` in the tracer's calls): its outputs again; else the op appended.
+   ``seen``: the call as ``reuse_calls`` knows it, NULL where it is not reused. */
+static PyObject *again_or_append(RecorderObject *self, PyObject *op_type, PyObject *domain, PyObject *preds,
+                                 PyObject *names, PyObject *attributes, PyObject *shapes, PyObject *dtypes,
+                                 PyObject *types, PyObject *entries, PyObject *key, PyObject *seen) {
+    if (seen != NULL) {
+        int known = PyDict_Contains(self->calls, seen);
+        if (known < 0) return NULL;
+        if (known) return do_outputs_again(self, seen, shapes, dtypes, types);
+    }
+    return do_append(self, op_type, domain, preds, names, attributes, shapes, dtypes, types, entries, key,
+                     seen != NULL ? seen : Py_None);
+}
+
 /* Tracer.record_call(call, inputs): a call whose signature was worked out once (PreparedCall). */
 static PyObject *do_record_call(RecorderObject *self, PyObject *call, PyObject *inputs) {
     PyObject *names = NULL, *seen = NULL, *result = NULL;
@@ -544,21 +560,12 @@ static PyObject *do_record_call(RecorderObject *self, PyObject *call, PyObject *
     if (read_operands(self, inputs, &names, preds, NULL) < 0) goto done;
     int repeatable = PyObject_IsTrue(fields[0]);
     if (repeatable < 0) goto done;
-    if (repeatable && self->reuse_calls) {
-        seen = seen_key(&call, 1, names);
-        if (seen == NULL) goto done;
-        int known = PyDict_Contains(self->calls, seen);
-        if (known < 0) goto done;
-        if (known) {
-            result = do_outputs_again(self, seen, fields[1], fields[2], fields[3]);
-            goto done;
-        }
-    }
-    PyObject *extended = PySequence_InPlaceConcat(names, fields[4]);  /* names += call.shared */
+    if (repeatable && self->reuse_calls && (seen = seen_key(&call, 1, names)) == NULL) goto done;
+    PyObject *extended = PySequence_InPlaceConcat(names, fields[4]);  /* the record's inputs: += call.shared */
     if (extended == NULL) goto done;
     Py_DECREF(extended);
-    result = do_append(self, fields[5], fields[6], preds, names, no_attributes, fields[1], fields[2], fields[3],
-                       fields[7], call, seen != NULL ? seen : Py_None);
+    result = again_or_append(self, fields[5], fields[6], preds, names, no_attributes, fields[1], fields[2], fields[3],
+                             fields[7], call, seen);
 done:
     for (k = 0; k < 8; k++) Py_XDECREF(fields[k]);
     Py_XDECREF(preds);
@@ -603,21 +610,12 @@ static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *
         if (vtype == NULL) goto done;
         PyList_SET_ITEM(types, k, vtype);
     }
-    if (self->reuse_calls) {
-        PyObject *head[] = {op_type, empty_string, attributes_id};
-        seen = seen_key(head, 3, names);
-        if (seen == NULL) goto done;
-        int known = PyDict_Contains(self->calls, seen);
-        if (known < 0) goto done;
-        if (known) {
-            result = do_outputs_again(self, seen, shapes, dtypes, types);
-            goto done;
-        }
-    }
+    PyObject *head[] = {op_type, empty_string, attributes_id};
+    if (self->reuse_calls && (seen = seen_key(head, 3, names)) == NULL) goto done;
     key = PyTuple_Pack(4, empty_string, op_type, attributes_id, entries);
     if (key != NULL)
-        result = do_append(self, op_type, empty_string, preds, names, attributes, shapes, dtypes, types, entries, key,
-                           seen != NULL ? seen : Py_None);
+        result = again_or_append(self, op_type, empty_string, preds, names, attributes, shapes, dtypes, types, entries,
+                                 key, seen);
 done:
     Py_XDECREF(shapes);
     Py_XDECREF(dtypes);
@@ -672,9 +670,6 @@ static PyTypeObject RecorderBaseType = {
 };
 
 /* ------------------------------------------------------------------ operands of ops */
-/* ``ops._tensors``' common case: every value a Tensor of one batch (or a Parameter, read as that
-   batch's tensor) and of one dtype, and that batch the one traced into (or none is). A new list
-   of them; NULL with no error set when they are not that case; NULL with an error on failure. */
 /* ``batch.parameter(p)``: its tensor in this batch (new reference), looked up in the batch's
    memo (``Tracer._parameters``, by the parameter's id) and made by the Python the first time. */
 static PyObject *parameter_tensor(PyObject *batch, PyObject *parameter) {
@@ -694,6 +689,9 @@ static PyObject *parameter_tensor(PyObject *batch, PyObject *parameter) {
     return PyObject_CallMethodOneArg(batch, str_parameter, parameter);
 }
 
+/* ``ops._tensors``' common case: every value a Tensor of one batch (or a Parameter, read as that
+   batch's tensor) and of one dtype, and that batch the one traced into (or none is). A new list
+   of them; NULL with no error set when they are not that case; NULL with an error on failure. */
 static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
     if (n < 1 || Py_TYPE(values[0]) != (PyTypeObject *)tensor_class) return NULL;
     TensorObject *first = (TensorObject *)values[0];
@@ -737,7 +735,7 @@ error:
 
 static int ops_configured(void) {
     if (elementwise_python != NULL && tensors_python != NULL && pick_python != NULL && lookup_python != NULL
-        && configured())
+        && matmul_python != NULL && configured())
         return 1;
     PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_ops()");
     return 0;
@@ -811,27 +809,26 @@ done:
     return row;
 }
 
-static PyObject *pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+/* ``known_row``, else ``python(*args)``. */
+static PyObject *row_else(PyObject *python, PyObject *const *args, Py_ssize_t nargs) {
     if (!ops_configured()) return NULL;
     PyObject *row = nargs == 2 ? known_row(args[0], args[1]) : NULL;
     if (row != NULL || PyErr_Occurred()) return row;
-    return PyObject_Vectorcall(pick_python, args, nargs, NULL);
+    return PyObject_Vectorcall(python, args, nargs, NULL);
+}
+
+static PyObject *pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    return row_else(pick_python, args, nargs);
 }
 
 static PyObject *lookup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (!ops_configured()) return NULL;
-    PyObject *row = nargs == 2 ? known_row(args[0], args[1]) : NULL;
-    if (row != NULL || PyErr_Occurred()) return row;
-    return PyObject_Vectorcall(lookup_python, args, nargs, NULL);
+    return row_else(lookup_python, args, nargs);
 }
 
 /* ops.matmul(a, b) where ``a`` is ``[k]`` or ``[m, k]`` and ``b`` is ``[k, n]`` (operands as
    ``operands`` takes them); the Python function otherwise (batch axes, a mismatch's error). */
 static PyObject *matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (!ops_configured() || matmul_python == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "_recorder.matmul used before configure_ops()");
-        return NULL;
-    }
+    if (!ops_configured()) return NULL;
     PyObject *inputs = nargs == 2 ? common_operands(args, 2) : NULL, *result = NULL;
     if (inputs == NULL) {
         if (PyErr_Occurred()) return NULL;
@@ -1090,7 +1087,8 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_entries = PyUnicode_InternFromString("entries");
     if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
-        || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
+        || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes
+        || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
         || !str_entries)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);
