@@ -15,8 +15,10 @@ import numpy as np
 
 from autobatch.batcher.signature import Signature, node_signature, shared_values
 from autobatch.ir import Graph, Node
+from autobatch.ir.compiled import compiled
 
 UNBATCHABLE = -1
+SCHEDULING = compiled("autobatch.batcher._scheduling")  # the loops below in C, where built
 
 
 @dataclass
@@ -39,6 +41,7 @@ class Problem:
     parts: np.ndarray | None = None
     _level: np.ndarray | None = field(default=None, repr=False)
     _edges: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _successors: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _succs: list[list[int]] | None = field(default=None, repr=False)
     _late_level: np.ndarray | None = field(default=None, repr=False)
 
@@ -47,14 +50,22 @@ class Problem:
         return len(self.node_ids)
 
     @property
-    def succs(self) -> list[list[int]]:
-        """Per node, the nodes that read it (only the agenda-style schedulers walk them)."""
-        if self._succs is None:  # the edges by source (stably: readers ascending), cut a node at a time
+    def successors(self) -> tuple[np.ndarray, np.ndarray]:
+        """The edges by source (stably: readers ascending) as ``(starts, readers)``: node i's
+        readers are ``readers[starts[i]:starts[i + 1]]``."""
+        if self._successors is None:
             src, dst = self.edges
             by_source = np.argsort(src, kind="stable")
-            readers = dst[by_source].tolist()
-            bounds = np.searchsorted(src[by_source], np.arange(self.size + 1)).tolist()
-            self._succs = [readers[bounds[i]:bounds[i + 1]] for i in range(self.size)]
+            self._successors = np.searchsorted(src[by_source], np.arange(self.size + 1)), dst[by_source]
+        return self._successors
+
+    @property
+    def succs(self) -> list[list[int]]:
+        """Per node, the nodes that read it (only the agenda-style schedulers walk them)."""
+        if self._succs is None:
+            starts, readers = self.successors
+            bounds, targets = starts.tolist(), readers.tolist()
+            self._succs = [targets[bounds[i]:bounds[i + 1]] for i in range(self.size)]
         return self._succs
 
     @property
@@ -77,12 +88,12 @@ class Problem:
         path starting at it, plus one (``level`` is the first; nodes that no path joins, such as a
         tagger's per-token work after its LSTMs, share their last)."""
         if self._late_level is None:
-            src, dst = self.edges
-            by_source = np.argsort(src, kind="stable")
+            starts, readers = self.successors
             batchable = self.sig != UNBATCHABLE
             # Generations backwards: a node's readers are all in later generations than its own.
-            ahead = _levels((dst[by_source], src[by_source]), self.sig, len(self.classes),
-                            self.depth.max(initial=0) - self.depth, self.parts)
+            sources = np.repeat(np.arange(self.size), np.diff(starts))
+            ahead = _levels((readers, sources), self.sig, len(self.classes),
+                            self.depth.max(initial=0) - self.depth, self.parts, backwards=True)
             highest = _highest_levels(self.sig, self.level, len(self.classes))
             self._late_level = np.where(batchable, highest[np.where(batchable, self.sig, 0)] - ahead + 1, 0)
         return self._late_level
@@ -153,7 +164,13 @@ def problem_from(node_ids: list[int], sig: np.ndarray, preds: list[list[int]], c
                  parts: np.ndarray | None = None) -> Problem:
     """The problem of nodes given in topological order with their classes and predecessors
     (and ``parts``: see ``Problem``)."""
-    return Problem(node_ids, sig, preds, _depths(preds), classes, parts=parts)
+    if SCHEDULING is None:
+        return Problem(node_ids, sig, preds, _depths(preds), classes, parts=parts)
+    lengths = np.fromiter(map(len, preds), dtype=np.int64, count=len(preds))
+    depth, sources = np.empty(len(preds), dtype=np.int64), np.empty(int(lengths.sum()), dtype=np.int64)
+    SCHEDULING.depths(preds, depth, sources)  # the edges too: nearly free here
+    return Problem(node_ids, sig, preds, depth, classes, parts=parts,
+                   _edges=(sources, np.repeat(np.arange(len(preds)), lengths)))
 
 
 def _depths(preds: list[list[int]]) -> np.ndarray:
@@ -178,11 +195,12 @@ def _edges(preds: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _levels(edges: tuple[np.ndarray, np.ndarray], sig: np.ndarray, n_classes: int, depth: np.ndarray,
-            parts: np.ndarray | None = None) -> np.ndarray:
+            parts: np.ndarray | None = None, backwards: bool = False) -> np.ndarray:
     """Per node, the most nodes of its class on a path ending at it (``edges``: their targets
-    ascending; ``depth``: a generation per node, above those of its sources): a DP carrying, per node,
-    the vector of per-class path maxima, run one topological generation at a time (every
-    predecessor of a generation lies in an earlier one), vectorised over its nodes. With
+    ascending; ``depth``: a generation per node, above those of its sources; ``backwards``: the
+    edges run from higher node numbers to lower): a DP carrying, per node, the vector of
+    per-class path maxima, in C a node at a time, else run one topological generation at a time
+    (every predecessor of a generation lies in an earlier one), vectorised over its nodes. With
     ``parts``, only the classes with two nodes in one part need it: a path stays in its part, so
     the others' levels are 1 (a mix of a model's instances has many classes of one node each)."""
     n = len(sig)
@@ -197,10 +215,15 @@ def _levels(edges: tuple[np.ndarray, np.ndarray], sig: np.ndarray, n_classes: in
         compact = np.full(n_classes, UNBATCHABLE, dtype=np.int64)
         compact[repeated] = np.arange(len(repeated))
         kept = np.where(batchable, compact[np.where(batchable, sig, 0)], UNBATCHABLE)
-        level = _levels(edges, kept, len(repeated), depth)
+        level = _levels(edges, kept, len(repeated), depth, backwards=backwards)
         return np.where(batchable & (kept == UNBATCHABLE), 1, level)
-    best = np.zeros((n, n_classes), dtype=np.int32)
     src, dst = edges
+    if SCHEDULING is not None:
+        level = np.empty(n, dtype=np.int64)
+        SCHEDULING.levels(np.searchsorted(dst, np.arange(n + 1)), np.ascontiguousarray(src, dtype=np.int64),
+                          np.ascontiguousarray(sig, dtype=np.int64), n_classes, backwards, level)
+        return level
+    best = np.zeros((n, n_classes), dtype=np.int32)
     by_dst_depth = np.argsort(depth[dst], kind="stable")
     src, dst = src[by_dst_depth], dst[by_dst_depth]
     generations = int(depth.max()) + 1

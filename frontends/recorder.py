@@ -25,16 +25,15 @@ does not either, for rows still in range).
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Hashable, Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 from onnx import AttributeProto
 
 from autobatch.ir import ValueType
+from autobatch.ir.compiled import compiled as compiled_module
 from autobatch.ir.records import Record, new_record
 
 _new_object = object.__new__
@@ -182,17 +181,7 @@ class PyRecorderBase:
         return names, preds
 
 
-def _compiled() -> ModuleType | None:
-    if os.environ.get("AUTOBATCH_PURE_PYTHON"):
-        return None
-    try:
-        from autobatch.frontends import _recorder
-    except ImportError:  # not built (no compiler at install): the Python classes run
-        return None
-    return _recorder
-
-
-compiled = _compiled()
+compiled = compiled_module("autobatch.frontends._recorder")
 COMPILED = compiled is not None
 TensorBase: type = compiled.TensorBase if compiled else PyTensorBase
 RecorderBase: type = compiled.RecorderBase if compiled else PyRecorderBase

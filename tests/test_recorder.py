@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import tracemalloc
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 from autobatch import Batch, Parameter, TraceError, cell, ops
 from autobatch.frontends import recorder
 from autobatch.frontends.tracing import Tracer
+from tests.compiling import builds_extensions
 
 ROOT = Path(__file__).resolve().parent.parent
 PURE = {**os.environ, "AUTOBATCH_PURE_PYTHON": "1"}
@@ -34,8 +33,7 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_the_recorder_is_compiled_where_a_compiler_and_python_headers_are():
     """``pip install`` builds it (optional, so a missing compiler does not stop the install)."""
-    headers = Path(sysconfig.get_paths()["include"], "Python.h").exists()
-    if not (shutil.which("cc") or shutil.which("gcc")) or not headers or os.environ.get("AUTOBATCH_PURE_PYTHON"):
+    if not builds_extensions():
         pytest.skip("no C compiler or Python headers here (or the Python recorder asked for): it runs in Python")
     assert recorder.COMPILED, "a compiler is here but frontends/_recorder.c was not built: reinstall with pip"
 

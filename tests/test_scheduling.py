@@ -1,0 +1,164 @@
+"""Scheduling's loops, compiled (batcher/_scheduling.c) and in Python (batcher/schedulers.py,
+batcher/problem.py): built where a compiler is, and the same levels and the same schedules
+either way, on random dependency graphs and on the examples' traced minibatches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autobatch import Batch
+from autobatch.batcher import problem as problem_module
+from autobatch.batcher import schedulers
+from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
+from autobatch.examples import bilstm_tagger, tree_lstm
+from autobatch.datasets import sst_trees, wikiner_sentences
+from tests.compiling import builds_extensions
+
+COMPILED_ONLY = pytest.mark.skipif(problem_module.SCHEDULING is None, reason="the compiled loops are not built here")
+
+
+def test_the_scheduling_loops_are_compiled_where_a_compiler_and_python_headers_are():
+    if not builds_extensions():
+        pytest.skip("no C compiler or Python headers here (or the Python twins asked for): scheduling runs in Python")
+    assert problem_module.SCHEDULING is not None, "a compiler is here but batcher/_scheduling.c was not built: reinstall"
+
+
+def _random_problem(rng: np.random.Generator, n: int, classes: int, parted: bool) -> Problem:
+    """Nodes reading up to three earlier ones (repeats included), a fifth or so unbatchable,
+    half the classes of an expensive op; ``parted``: in three parts that no edge joins."""
+    parts = rng.integers(0, 3, n) if parted else None
+    preds = []
+    for i in range(n):
+        read = rng.integers(max(0, i - 30), i, rng.integers(0, 4)).tolist() if i else []
+        preds.append(sorted(p for p in read if parts is None or parts[p] == parts[i]))
+    sig = np.where(rng.random(n) < 0.2, UNBATCHABLE, rng.integers(0, classes, n)).astype(np.int64)
+    signatures = [("", "MatMul" if k % 2 else "Tanh", k) for k in range(classes)]
+    return problem_from(list(range(n)), sig, preds, signatures, parts)
+
+
+def _everything(make: object) -> list:
+    """Levels, late levels and every scheduler's schedule (and each tie-break's, also cut short)."""
+    problem = make()  # type: ignore[operator]
+    found: list = [problem.level.tolist(), problem.late_level.tolist(), problem.lower_bound()]
+    for scheduler in schedulers.SCHEDULERS.values():
+        found.append(scheduler(make()))  # type: ignore[operator]
+    for tie_break in schedulers.LEVEL_TIE_BREAKS:
+        found.append(schedulers._level_schedule(make(), tie_break))  # type: ignore[operator]
+        found.append(schedulers._level_schedule(make(), tie_break, limit=4))  # type: ignore[operator]
+    return found
+
+
+def _in_python(monkeypatch: pytest.MonkeyPatch, make: object) -> list:
+    with monkeypatch.context() as patch:
+        patch.setattr(problem_module, "SCHEDULING", None)
+        patch.setattr(schedulers, "SCHEDULING", None)
+        return _everything(make)
+
+
+@COMPILED_ONLY
+@pytest.mark.parametrize("seed", range(12))
+def test_compiled_and_python_give_the_same_levels_and_schedules(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for trial in range(25):
+        n = int(rng.integers(0, 2_000 if trial == 0 else 120))
+        classes = int(rng.integers(1, 7))
+        problem = _random_problem(rng, n, classes, parted=trial % 3 == 0)
+
+        def make(problem: Problem = problem) -> Problem:  # a fresh problem: levels and lists are cached on it
+            return Problem(problem.node_ids, problem.sig, problem.preds, problem.depth, problem.classes,
+                           parts=problem.parts)
+
+        compiled = _everything(make)
+        assert compiled == _in_python(monkeypatch, make), (seed, trial, n, classes)
+
+
+@COMPILED_ONLY
+def test_compiled_and_python_give_the_same_depths_and_edges(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        n = int(rng.integers(0, 400))
+        preds = [rng.integers(max(0, i - 20), i, rng.integers(0, 4)).tolist() if i else [] for i in range(n)]
+        sig = rng.integers(-1, 3, n)
+        compiled = problem_from(list(range(n)), sig, preds, [])
+        with monkeypatch.context() as patch:
+            patch.setattr(problem_module, "SCHEDULING", None)
+            python = problem_from(list(range(n)), sig, preds, [])
+        assert compiled.depth.tolist() == python.depth.tolist(), trial
+        assert [edge.tolist() for edge in compiled.edges] == [edge.tolist() for edge in python.edges], trial
+    with pytest.raises(ValueError, match="node 1 reads 1"):  # not in topological order
+        problem_from([0, 1], np.zeros(2, dtype=np.int64), [[], [1]], [])
+
+
+def _traced_problem(monkeypatch: pytest.MonkeyPatch, loss: object, instances: list, params: object) -> Problem:
+    """The problem a traced minibatch's plan schedules."""
+    problems: list[Problem] = []
+    scheduler = schedulers.get_scheduler("depth")
+
+    def keep(name: str) -> object:
+        return lambda problem: problems.append(problem) or scheduler(problem)
+
+    with monkeypatch.context() as patch:
+        patch.setattr("autobatch.batcher.flat.get_scheduler", keep)
+        with Batch() as batch:
+            batch.run([loss(example, params) for example in instances])  # type: ignore[operator]
+    return problems[-1]
+
+
+@COMPILED_ONLY
+@pytest.mark.parametrize("example", ["tree_lstm", "bilstm_tagger"])
+def test_the_examples_primitive_minibatches_schedule_the_same_compiled(monkeypatch: pytest.MonkeyPatch,
+                                                                       example: str) -> None:
+    if example == "tree_lstm":
+        trees, _ = sst_trees("dev", limit=8)
+        params = tree_lstm.make_params(tree_lstm.make_vocabulary(trees), size=8)
+        problem = _traced_problem(monkeypatch, tree_lstm.loss_primitive, trees, params)
+    else:
+        sentences, _ = wikiner_sentences(limit=8)
+        params = bilstm_tagger.make_params(*bilstm_tagger.make_vocabularies(sentences), size=8)
+        problem = _traced_problem(monkeypatch, bilstm_tagger.loss_primitive, sentences, params)
+    assert problem.size > 500
+
+    def make() -> Problem:
+        return Problem(problem.node_ids, problem.sig, problem.preds, problem.depth, problem.classes)
+
+    compiled = _everything(make)
+    assert compiled == _in_python(monkeypatch, make)
+    assert len(compiled[3 + list(schedulers.SCHEDULERS).index("level")]) <= len(compiled[3])  # level <= depth
+
+
+def _depth_schedule_as_written_before(problem: Problem) -> list[list[int]]:
+    """The depth scheduler as a loop over nodes (before it sorted with NumPy): the reference."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (depth, cls) in enumerate(zip(problem.depth.tolist(), problem.sig.tolist())):
+        groups.setdefault((depth, cls if cls != UNBATCHABLE else -1 - i), []).append(i)
+    return [groups[key] for key in sorted(groups)]
+
+
+def test_the_depth_schedule_is_the_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        problem = _random_problem(rng, int(rng.integers(0, 300)), int(rng.integers(1, 6)), parted=False)
+        assert schedulers.depth_schedule(problem) == _depth_schedule_as_written_before(problem), trial
+
+
+@COMPILED_ONLY
+def test_the_compiled_loops_refuse_what_does_not_fit_with_an_error() -> None:
+    search, levels = problem_module.SCHEDULING.search, problem_module.SCHEDULING.levels  # type: ignore[union-attr]
+    ints = lambda *values: np.array(values, dtype=np.int64)  # noqa: E731
+    none, average, expensive = ints(), np.zeros(1), np.zeros(1, dtype=np.uint8)
+    with pytest.raises(ValueError, match="adjacency"):  # a reader out of range
+        search(ints(0, 0), ints(0, 1, 1), ints(5), ints(0, 1), average, expensive, none, none, none, none, 0, -1)
+    with pytest.raises(ValueError, match="nothing ready"):  # a node waits for a reader that never comes
+        search(ints(0, 0), ints(0, 0, 0), none, ints(0, 1), average, expensive, none, none, none, none, 0, -1)
+    with pytest.raises(ValueError, match="sig"):  # a class past the classes
+        search(ints(3), ints(0, 0), none, ints(0), average, expensive, none, none, none, none, 0, -1)
+    with pytest.raises(TypeError, match="8-byte"):
+        search(np.zeros(2, np.int32), ints(0, 0, 0), none, ints(0, 0), average, expensive, none, none, none, none, 0, -1)
+    with pytest.raises(ValueError, match="mode"):
+        search(ints(0), ints(0, 0), none, ints(0), average, expensive, none, none, none, none, 9, -1)
+    with pytest.raises(ValueError, match="output"):
+        levels(ints(0, 0), none, ints(0), 1, False, np.zeros(3, dtype=np.int64))
+    assert search(ints(0, 0), ints(0, 1, 1), ints(1), ints(0, 1), average, expensive, none, none, none, none, 0, -1) \
+        == [[0], [1]]
+    assert search(ints(0, 0), ints(0, 1, 1), ints(1), ints(0, 1), average, expensive, none, none, none, none, 0, 1) is None
