@@ -237,8 +237,11 @@ class InferenceSession:
                 checked.append(check_feeds(self.graph, feeds))
             except FeedError as error:
                 raise FeedError(f"instance {k}: {error}") from None
-        key = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
-        fits = self.axis_batches.fits(checked, key) if self.axis_batches is not None else None  # type: ignore[arg-type]
+        signatures = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
+        fits = self.axis_batches.fits(checked, signatures) if self.axis_batches is not None else None  # type: ignore[arg-type]
+        # A flat plan computes these outputs of this mix: kept under both (one kept for other
+        # outputs would hand back its own, shifted).
+        key = None if signatures is None else (tuple(names), signatures)
         kept = key is not None and key in self._flat_plans or fits is not None
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN
@@ -287,8 +290,8 @@ class InferenceSession:
     @without_gc
     def _run_flat(self, key: tuple | None, checked: list[dict[str, Any]], union_feeds: dict[str, Any],
                   names: list[str], start: float) -> list[np.ndarray]:
-        """Output ``names`` of every instance by the flat path (``key``: the batch's mix of input
-        signatures, under which its plan is kept; None: not kept)."""
+        """Output ``names`` of every instance by the flat path (``key``: the outputs and the
+        batch's mix of input signatures, under which its plan is kept; None: not kept)."""
         seconds: dict[str, float] = {}
         execution: dict[str, float] = {}  # step by step: its gathers, kernels and writes
         entry = self._flat_plans.get(key) if key is not None else None

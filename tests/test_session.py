@@ -301,6 +301,23 @@ def test_selected_outputs_and_order(backend):
         np.testing.assert_allclose(y, alone_y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("node_level", [True, False])
+def test_a_mix_run_again_for_other_outputs_gives_those_outputs(backend, node_level):
+    """A plan is kept for a mix and the outputs it computes: the same mix asked for other
+    outputs (fewer, or in another order), step by step and as one session, gives those, not the
+    kept plan's (a plan kept by the mix alone handed back its own outputs, shifted)."""
+    session = autobatch.InferenceSession(MODEL, backend=backend, node_level=node_level, alone_when_faster=False)
+    instances = feeds([3, 1, 2])
+    alone = [dict(zip(["y", "s"], session.run(None, instance))) for instance in instances]
+    for names in (None, None, ["s"], ["s"], ["s"], ["s", "y"], None, ["y"], ["s", "y"]):
+        got = session.run_batch(names, instances)
+        for expected, outputs in zip(alone, got, strict=True):
+            assert len(outputs) == len(names or ["y", "s"])
+            for name, value in zip(names or ["y", "s"], outputs, strict=True):
+                assert value.shape == expected[name].shape, (names, name)
+                np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+
+
 def test_bad_instance_is_named(backend):
     session = autobatch.InferenceSession(MODEL, backend=backend)
     instances = feeds([2, 2])
