@@ -71,6 +71,11 @@ def fold_known_values(graph: Graph, evaluate: Evaluate) -> int:
     return folded
 
 
+# The inputs that are shapes, not data: an empty one is a scalar's shape, not a value of nothing
+# (HF's exports make the scalar True of a mask as ``ConstantOfShape([])``).
+_SHAPE_INPUTS = {"ConstantOfShape": 0, "Reshape": 1, "Expand": 1}
+
+
 def _known_outputs(graph: Graph, node: Node, evaluate: Evaluate) -> list[Any] | None:
     if node.op_type in ("Shape", "Size"):
         vtype = graph.values[node.inputs[0]].type
@@ -82,6 +87,7 @@ def _known_outputs(graph: Graph, node: Node, evaluate: Evaluate) -> list[Any] | 
         return [shape[node.attr("start", 0):node.attr("end", None)]]
     if not node.inputs or any(name and graph.values[name].const is None for name in node.inputs):
         return None
-    if any(name and graph.values[name].const.size == 0 for name in node.inputs):  # type: ignore[union-attr]
+    if any(name and graph.values[name].const.size == 0 and _SHAPE_INPUTS.get(node.op_type) != k  # type: ignore[union-attr]
+           for k, name in enumerate(node.inputs)):
         return None  # backends differ on a reduction of nothing (onnxruntime's mean 0, the standard's NaN): left to its own
     return evaluate(graph.subgraph([node.id]), {})

@@ -296,6 +296,24 @@ def test_the_length_check_folds_what_typing_folds():
     assert session.stats.report.scheduler == "instance axis" and session.axis_batches.lengths is None
 
 
+def test_a_scalar_made_by_constant_of_shape_is_folded(backend):
+    """Hugging Face's exports make a mask's scalar True as ``ConstantOfShape`` of the empty
+    shape: a constant, folded (a guard against folding reductions of nothing had kept it, and
+    the node-level plan refused the model)."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        t = ConstantOfShape<value = bool[1] {1}>(scalar)
+        p = Greater(x, zero)
+        m = And(t, p)
+        y = Where(m, x, zero) }""", scalar=np.zeros(0, np.int64), zero=np.array(0, np.float32))
+    rng = np.random.default_rng(23)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    batch = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)]
+    assert_batched_equals_alone(session, batch)
+    assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+    assert "ConstantOfShape" not in {node.op_type for node in session.instances.graph_of(batch[0]).nodes.values()}
+
+
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{
