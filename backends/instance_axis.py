@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
-from autobatch.batcher.instance_axis import PADDED, InstanceAxisPlan, aligned, pattern_at
+from autobatch.batcher.instance_axis import GATHER, PADDED, InstanceAxisPlan, aligned, pattern_at
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, chunk_members, chunks
 from autobatch.ir import Recent, from_onnx
@@ -77,6 +77,10 @@ class _Lowering:
                 self.padded_node(record, step)
             elif step.kind == "sequences":
                 self.recurrent(record, self.rows(record.inputs[0]))
+            elif step.kind == GATHER:  # its indices given offset to each instance's rows (``mix_feeds``)
+                self.nodes.append(helper.make_node(record.op_type, [self.rows(record.inputs[0]), record.inputs[1]],
+                                                   record.outputs))
+                self.nodes[-1].attribute.extend(record.attributes.values())
             elif step.kind == "reshape":
                 out_axis, row = step.signature[4]
                 target = self.constant(f"{record.outputs[0]}/row_shape", np.array([1] * out_axis + [-1, *row], np.int64))
@@ -203,6 +207,12 @@ class _Lowering:
                 target = self.constant(f"{out}/target", np.array(step.target, np.int64))
                 self.node("Reshape", [inputs[0], target], f"{out}/chunk{k}")
                 continue
+            if step.broadcast is not None:  # to the output's pattern at the chunk's longest (its batch axis kept)
+                sizes = [padded_feeds(k)[3] if d is None else self.constant(f"{out}/size{d}", np.array([d], np.int64))
+                         for d in (1, *step.broadcast)]
+                self.node("Expand", [inputs[0], self.node("Concat", sizes, f"{out}/shape/chunk{k}", axis=0)],
+                          f"{out}/chunk{k}")
+                continue
             self.nodes.append(helper.make_node(record.op_type, inputs, [f"{n}/chunk{k}" if n else n for n in record.outputs],
                                                domain=record.domain or None,
                                                **_batched_attributes(record, len(self.plan.patterns.get(
@@ -273,8 +283,12 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
     lengths = np.asarray(lengths, np.int64)
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
     members = chunk_members(lengths, CHUNK)  # (a padded layout needs no more of the chunks than who is in each)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     for name, (padded, pattern) in plan.fed.items():
         arrays = [aligned(c[name], pattern) for c in constants]
+        if name in plan.indices:  # positions along each instance's length: to the rows of all
+            arrays = [_positions(array, plan.indices[name], int(length), int(start), name)
+                      for array, length, start in zip(arrays, lengths, starts)]
         if padded:
             for k, chunk in enumerate(members):
                 feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
@@ -294,6 +308,23 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
         offset += len(part.source)
     feeds[TARGETS] = targets
     return feeds, len(members)
+
+
+def _positions(indices: np.ndarray, component: int | None, length: int, start: int, name: str) -> np.ndarray:
+    """An instance's Gather indices along its length (a GatherND's: that ``component`` of its
+    index tuples, those before it indexing axes of size 1), as rows of the whole mix. Past the
+    length, the instance alone would fail: an IndexError here, never another instance's row."""
+    if component is not None:
+        ones, positions = indices[..., :component], indices[..., component]
+        if ones.size and (ones.min() < -1 or ones.max() > 0):
+            raise IndexError(f"GatherND indices {name!r} reach past an axis of size 1")
+        result = np.zeros_like(indices)
+        result[..., component] = _positions(positions, None, length, start, name)
+        result[..., component + 1:] = indices[..., component + 1:]
+        return result
+    if indices.size and (indices.min() < -length or indices.max() >= length):
+        raise IndexError(f"Gather indices {name!r} reach past an instance's length {length}")
+    return indices % length + start if length else indices
 
 
 def _padded_chunks(members: Sequence[np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:

@@ -12,7 +12,9 @@ serves every mix. A node runs in one of two layouts:
 - **rows**: where it is row-wise across lengths (``batcher.ragged``: its length-free signature is
   the same at every length), over every instance's rows concatenated: ``[1, L, d]`` becomes
   ``[1, N, d]``. A reshape of each row is a Reshape to its row shape; a recurrent layer runs as
-  padded chunks of sequences (``batcher.sequences``).
+  padded chunks of sequences (``batcher.sequences``); a Gather (or GatherND) along the length by
+  positions of each length's own (Hugging Face's exports pick their attention mask so) reads
+  them given per mix, offset to each instance's rows (``GATHER``).
 - **padded**: where it is not (attention: a product of two per-instance values, ``[1, H, L, L]``),
   over the instances sorted by length and cut into chunks of 8, each padded to its longest:
   ``[8, 1, H, Lmax, Lmax]``, the model's node itself on a new leading batch axis (its axis
@@ -20,7 +22,8 @@ serves every mix. A node runs in one of two layouts:
   length axis first sets its padded positions to -inf (``key_mask``), a product summing over a
   length axis first zeroes both operands' padded positions there (``zeroed``), and the only other
   nodes taken keep each position apart (elementwise ops, Transpose, Reshape keeping the
-  positions, Concat along other axes). So every real position is computed from real ones only,
+  positions, Concat along other axes, an Expand of size-1 axes to the chunk's longest). So
+  every real position is computed from real ones only,
   in the kernels' own summation order (float32 within 1e-5 relative).
 
 A constant folded for each length (a position-embedding slice, a causal mask) is given per mix:
@@ -47,6 +50,7 @@ from autobatch.ir.records import Record
 from autobatch.ir.types import ValueType, type_of_value
 
 ROWS_KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free signatures the rows layout takes
+GATHER = "gather"  # a rows step: a Gather(ND) along the length by indices of each length's own (a mask's positions)
 PADDED_ELEMENTWISE = frozenset({*ELEMENTWISE, "IsNaN", "IsInf"})
 PADDED = "padded"
 Pattern = tuple  # a per-instance value's shape, None at each axis of the instance's length
@@ -57,9 +61,9 @@ class Step:
     """What the plan does with one record: its ``kind`` (a rows kind or ``PADDED``), the
     length-free ``signature`` every instance's record must sign (rows kinds), the constants given
     per mix (``fed``: name -> its pattern), and for a padded step the input indices whose padded
-    positions are zeroed along an axis first (``zeroed``), the axis a Softmax masks (``key_mask``)
-    and a Reshape's target (``target``: 0 keeps the batch axis, -1 the length); its axes are the
-    instance's (the padded layout's are one further right)."""
+    positions are zeroed along an axis first (``zeroed``), the axis a Softmax masks (``key_mask``),
+    a Reshape's target (``target``: 0 keeps the batch axis, -1 the length) and an Expand's output
+    pattern (``broadcast``); its axes are the instance's (the padded layout's are one further right)."""
 
     kind: str
     signature: tuple = ()
@@ -67,12 +71,14 @@ class Step:
     zeroed: dict[int, int] = field(default_factory=dict)
     key_mask: int | None = None
     target: tuple[int, ...] | None = None
+    broadcast: Pattern | None = None  # an Expand's: its output's pattern (the chunk's longest at each None)
+    component: int | None = None  # a GatherND's (``GATHER``): the entry of its index tuples that is a position
 
     @property
     def reads_constants(self) -> bool:
-        """Whether the node's shared constants are read as they are: a reshape's target, folded
-        per length, is not (its shape comes from the patterns)."""
-        return self.kind != "reshape" and self.target is None
+        """Whether the node's shared constants are read as they are: a reshape's target or an
+        Expand's shape, folded per length, is not (its shape comes from the patterns)."""
+        return self.kind != "reshape" and self.target is None and self.broadcast is None
 
 
 @dataclass
@@ -89,6 +95,9 @@ class InstanceAxisPlan:
     outputs: list[str]
     opset: int
     fed: dict[str, tuple[bool, Pattern]]  # a constant given per mix -> (read in the padded layout, its pattern)
+    # those fed as positions along a length (``GATHER``): offset per instance; a GatherND's, the
+    # component of each index tuple that is the position (the ones before index axes of size 1)
+    indices: dict[str, int | None] = field(default_factory=dict)
 
     @functools.cached_property
     def padded(self) -> bool:
@@ -121,6 +130,8 @@ class InstanceAxisPlan:
             if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
                 return refuse(f"{where} reads a constant of another shape")
+            if step.kind == GATHER:  # (its indices' shape checked above, their values when fed)
+                continue
             if step.kind == PADDED:
                 values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
                     [(name, entry) for name, entry in zip(record.inputs, record.entries) if isinstance(entry, ValueType)]
@@ -169,6 +180,7 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
         return refuse(f"opset {opset}: its masks need Where (opset 9)")
     padded = set()  # values in the padded layout
     fed_as: dict[str, tuple[bool, Pattern]] = {}  # a constant given per mix: in the padded layout, its pattern
+    indices: dict[str, int | None | bool] = {}  # a constant given per mix -> as positions (``_gather_step``) or False
     read |= set(outputs)
     steps = []
     for a, b in zip(first.records, second.records):
@@ -184,7 +196,7 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                 if pattern is None:
                     return refuse(f"{where}: its output {name!r} is not of the instance's length")
                 patterns[name] = pattern
-        step = _rows_step(a, b, first, second, opset, fed)
+        step = _gather_step(a, fed, patterns) or _rows_step(a, b, first, second, opset, fed)
         if isinstance(step, Refusal):
             step = _padded_step(a, first.weights, fed, patterns, opset)
             if isinstance(step, Refusal):
@@ -198,7 +210,9 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
         elif step.kind == "sequences" and any(name in read for name in a.outputs[1:]):
             return refuse(f"{where}: its final states are read")
         for name, pattern in step.fed.items():  # one feed a constant: read one way only
-            if fed_as.setdefault(name, (step.kind == PADDED, pattern)) != (step.kind == PADDED, pattern):
+            positions = step.component if step.kind == GATHER else False
+            if fed_as.setdefault(name, (step.kind == PADDED, pattern)) != (step.kind == PADDED, pattern) or \
+                    indices.setdefault(name, positions) != positions:
                 return refuse(f"{where} reads a constant given per mix that another node reads otherwise")
         if step.kind != PADDED:  # what it reads in the padded layout goes back to rows
             if any(name in padded and _rows_axis(patterns[name]) is None for name in a.inputs):
@@ -207,7 +221,33 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
     for name in outputs:
         if name not in patterns or patterns[name].count(None) != 1 or _rows_axis(patterns[name]) is None:
             return refuse(f"output {name!r} has no rows along one axis of its length")
-    return InstanceAxisPlan(first.records, steps, first.weights, patterns, list(inputs), list(outputs), opset, fed_as)
+    return InstanceAxisPlan(first.records, steps, first.weights, patterns, list(inputs), list(outputs), opset, fed_as,
+                            {name: positions for name, positions in indices.items() if positions is not False})
+
+
+def _gather_step(record: Record, fed: dict[str, Pattern | None], patterns: dict[str, Pattern]) -> Step | None:
+    """A Gather along the length of a value in rows (its only length axis, every axis before it
+    1), or a GatherND whose index tuples reach that axis, by indices of each length's own that
+    are in rows too: a rows step, its indices given per mix offset to each instance's rows
+    (Hugging Face's exports pick a mask's positions so, the legacy exporter by Gather, dynamo's
+    by GatherND). None for any other record."""
+    if record.op_type not in ("Gather", "GatherND") or record.domain or len(record.inputs) != 2 \
+            or record.inputs[1] not in fed or not isinstance(record.entries[0], ValueType):
+        return None
+    data, positions, out = patterns[record.inputs[0]], fed[record.inputs[1]], patterns.get(record.outputs[0])
+    rows = _rows_axis(data)
+    if positions is None or rows is None:
+        return None
+    if record.op_type == "Gather":
+        axis = record_attribute(record, "axis", 0) % len(data)
+        if axis != rows or _rows_axis(positions) is None or out != (*data[:axis], *positions, *data[axis + 1:]):
+            return None
+        return Step(GATHER, fed={record.inputs[1]: positions})
+    tuples = positions[-1]  # an index tuple: its first entries index the data's first axes
+    if record_attribute(record, "batch_dims", 0) != 0 or tuples is None or not rows < tuples <= len(data) \
+            or _rows_axis(positions[:-1]) is None or out != (*positions[:-1], *data[tuples:]):
+        return None
+    return Step(GATHER, fed={record.inputs[1]: positions}, component=rows)
 
 
 def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRecords, opset: int,
@@ -284,6 +324,10 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         return step
     if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and list(data) == [0]:
         return _padded_reshape(op, data[0], outs[0])
+    if op == "Expand" and list(data) == [0]:  # (a mask's positions to an attention's [1, 1, L, L])
+        if len(data[0]) != rank or any(d != o and d != 1 for d, o in zip(data[0], outs[0])):
+            return refuse("an Expand that adds axes, or changes its length's")
+        return Step(PADDED, broadcast=outs[0])
     return refuse("not row-wise, and no padded rule")
 
 

@@ -2,8 +2,10 @@
 (no downloads): an embedding and a bidirectional LSTM or GRU tagger, ``nn.TransformerEncoder``,
 BERT, GPT-2, and a CNN over images of any size. ``export`` writes one for ONE instance
 (``ids [1, length]``; the CNN's ``ids`` are an image ``[1, 3, height, width]``), as most users
-bring it; ``padded=True`` writes it for a padded batch instead (``ids [batch, length]`` and
-``mask [batch, length]``, 1 for a real token), what a user would run to batch by padding.
+bring it; ``mask=True`` with the attention mask as an input too (``mask [1, length]``, as a
+tokenizer gives it and Hugging Face's own exports take it); ``padded=True`` writes it for a
+padded batch instead (``ids [batch, length]`` and ``mask [batch, length]``, 1 for a real token),
+what a user would run to batch by padding.
 """
 
 from __future__ import annotations
@@ -84,13 +86,14 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
     return LastHidden(transformers.GPT2Model(config)).eval()
 
 
-def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bool = False) -> Path:
-    """``module`` written to ``path`` for one instance of any length, or (``padded``) for a
-    padded batch of any size and length."""
+def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bool = False, mask: bool = False) -> Path:
+    """``module`` written to ``path`` for one instance of any length (with its attention ``mask``
+    as an input too), or (``padded``) for a padded batch of any size and length."""
     image = isinstance(module, Classifier)
     ids = torch.randn(2 if padded else 1, 3, 16, 16) if image else torch.randint(0, VOCABULARY, (2 if padded else 1, 7))
-    args = (ids, torch.ones(ids.shape[0], ids.shape[-1], dtype=torch.int64)) if padded else (ids,)
-    names = ["ids", "mask"] if padded else ["ids"]
+    masked = padded or mask
+    args = (ids, torch.ones(ids.shape[0], ids.shape[-1], dtype=torch.int64)) if masked else (ids,)
+    names = ["ids", "mask"] if masked else ["ids"]
     axes = {0: "batch", 1: "length"} if padded else {1: "length"}
     if image:
         axes = {0: "batch", 2: "height", 3: "width"} if padded else {2: "height", 3: "width"}
@@ -98,6 +101,6 @@ def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bo
         warnings.simplefilter("ignore")  # the exporters' deprecations and notes
         torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=18 if dynamo else 17,
                           input_names=names, output_names=["y"],
-                          dynamic_axes={"ids": axes, **({"mask": {0: "batch", 1: "length"}} if padded else {}),
+                          dynamic_axes={"ids": axes, **({"mask": axes} if masked else {}),
                                         "y": ({0: "batch"} if padded else {}) if image else axes})
     return path

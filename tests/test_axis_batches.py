@@ -314,6 +314,77 @@ def test_a_scalar_made_by_constant_of_shape_is_folded(backend):
     assert "ConstantOfShape" not in {node.op_type for node in session.instances.graph_of(batch[0]).nodes.values()}
 
 
+def _masked_attention(pick: str) -> onnx.ModelProto:
+    """Attention whose key mask is picked from the ``mask`` input by positions computed from
+    its length, as Hugging Face's exports pick it (``pick``: the nodes making ``picked [1, 1,
+    1, L]`` from ``flat [L]``, ``rows [1, 1, 1, L]`` and ``n``), then expanded to ``[1, 1, L, L]``."""
+    return _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x, int64[1, L] mask) => (float[1, L, 4] y) {{
+        sh = Shape(mask)
+        n = Gather<axis = 0>(sh, one0)
+        r = Range(zero0, n, one0)
+        rows = Unsqueeze(r, a012)
+        flat = Reshape(mask, minus)
+        {pick}
+        b = Cast<to = 9>(picked)
+        nn = Unsqueeze(n, zero)
+        shape = Concat<axis = 0>(one, one, nn, nn)
+        e = Expand(b, shape)
+        x4 = Unsqueeze(x, one)
+        k = Transpose<perm = [0, 1, 3, 2]>(x4)
+        s = MatMul(x4, k)
+        w = Where(e, s, low)
+        p = Softmax<axis = -1>(w)
+        y4 = MatMul(p, x4)
+        y = Squeeze(y4, one) }}""", **_I, zero0=np.array(0, np.int64), one0=np.array(1, np.int64),
+                  a012=np.array([0, 1, 2], np.int64), minus=np.array([-1], np.int64), low=np.array(-1e4, np.float32))
+
+
+MASK_PICKS = {  # a Gather by positions (reversed, and from the end), a GatherND by (0, position) pairs
+    "Gather": "picked = Gather<axis = 0>(flat, rows)",
+    "Gather from the end": "back = Sub(minus1, rows)\n picked = Gather<axis = 0>(flat, back)",
+    "GatherND": "pairs0 = Unsqueeze(rows, minus)\n zeros = Mul(pairs0, zero0)\n pairs = Concat<axis = -1>(zeros, pairs0)\n "
+                "mask2 = Reshape(flat, one_minus)\n picked = GatherND(mask2, pairs)",
+}
+
+
+@pytest.mark.parametrize("pick", MASK_PICKS)
+def test_a_mask_picked_by_positions_of_each_length_runs_planned_once(backend, pick):
+    """A Gather (or GatherND) along the length by positions computed from it runs over every
+    instance's rows, its positions given per mix offset to each instance's rows; the mask then
+    expanded to the attention's ``[1, 1, L, L]`` runs padded. Each instance's own results, mixes
+    of new lengths included (checked without typing)."""
+    model = _masked_attention(MASK_PICKS[pick])
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(-1, np.int64), "minus1"),
+                                    onnx.numpy_helper.from_array(np.array([1, -1], np.int64), "one_minus")])
+    rng = np.random.default_rng(24)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths in ([3, 7, 5], [9, 2, 11, 4, 6, 13, 8, 10, 3]):
+        batch = []
+        for n in lengths:
+            mask = (rng.random((1, n)) < 0.7).astype(np.int64)
+            mask[0, 0] = 1
+            batch.append({"x": rng.standard_normal((1, n, 4)).astype(np.float32), "mask": mask})
+        assert_batched_equals_alone(session, batch, atol=1e-5)
+        report = session.stats.report
+        assert report.scheduler == "instance axis", session.axis_batches.refusal
+    assert report.launches_by_op[pick.split()[0]] == 1  # one pick over every instance's rows
+    assert report.launches_by_op["Expand"] == report.launches_by_op["Softmax"] == math.ceil(len(lengths) / 8)
+    assert session.axis_batches.lengths is not None
+
+
+def test_positions_past_an_instances_length_are_an_error_not_another_instances_row():
+    from autobatch.backends.instance_axis import _positions
+
+    np.testing.assert_array_equal(_positions(np.array([[0, 2, -1]]), None, 3, 10, "i"), [[10, 12, 12]])
+    with pytest.raises(IndexError, match="past an instance's length 3"):
+        _positions(np.array([0, 3]), None, 3, 10, "i")
+    pairs = np.array([[0, 1, 5], [-1, -3, 6]])  # (size-1 axis, position, an index past it)
+    np.testing.assert_array_equal(_positions(pairs, 1, 3, 10, "i"), [[0, 11, 5], [0, 10, 6]])
+    with pytest.raises(IndexError, match="axis of size 1"):
+        _positions(np.array([[1, 0]]), 1, 3, 10, "i")
+
+
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{

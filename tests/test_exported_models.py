@@ -175,6 +175,31 @@ def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exporte
     assert len(session._flat_plans) == 0
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("name, dynamo", [("bert", False), ("bert", True), ("gpt2", False), ("gpt2", True)])
+def test_an_export_that_takes_its_attention_mask_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
+    """Exported with ``attention_mask`` as an input (as a tokenizer gives it, some of each text's
+    tokens masked): the exporters pick the mask's positions by a Gather (legacy) or a GatherND
+    (dynamo) of indices made from the length, and expand it to ``[1, 1, L, L]``; every mix, of
+    new lengths too, runs as one graph of the model's nodes, each text's results its own."""
+    pytest.importorskip("transformers")
+    path = exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True)
+    alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = InferenceSession(str(path), backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(9)
+    for lengths in (LENGTHS, [4, 17, 2, 11, 30, 6, 9, 13, 21]):
+        batch = []
+        for n in lengths:
+            mask = np.ones((1, n), np.int64)
+            mask[0, 1:][rng.random(n - 1) < 0.3] = 0  # (the first token kept: a text of no tokens is another matter)
+            batch.append({"ids": rng.integers(0, exports.VOCABULARY, (1, n)), "mask": mask})
+        got = session.run_batch(None, batch)
+        for k, feeds in enumerate(batch):
+            assert_same(got[k][0], alone.run(None, feeds)[0], rtol=1e-4, atol=1e-5, what=f"text {k}")
+        assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+    assert len(session._flat_plans) == 0 and session.axis_batches.lengths is not None  # (new lengths not typed)
+
+
 @pytest.mark.parametrize("name, dynamo", [("encoder", True), ("bert", False), ("bert", True), ("gpt2", False),
                                           ("gpt2", True)])
 def test_a_new_length_of_an_export_is_checked_without_typing_and_gets_the_constants_typing_gives(exported, name, dynamo):
