@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 VOCABULARY = 100
-MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn")
+MASKED = "-mask"  # a model exported with its attention mask as an input too: "bert-mask"
+MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn", f"bert{MASKED}", f"gpt2{MASKED}")
 DYNAMO_ONLY = frozenset({"encoder"})  # the legacy exporter writes its head split for the traced length only
 
 
@@ -18,9 +19,10 @@ def exported(name: str, size: int, folder: Path) -> tuple[Path, Path]:
     if not (one.is_file() and padded.is_file()):
         from benchmarks import exports  # imports PyTorch
 
-        module = exports.build(name, size)
-        exports.export(module, one, dynamo=name in DYNAMO_ONLY)
-        exports.export(module, padded, dynamo=name in DYNAMO_ONLY, padded=True)
+        model = name.removesuffix(MASKED)
+        module = exports.build(model, size)
+        exports.export(module, one, dynamo=model in DYNAMO_ONLY, mask=name.endswith(MASKED))
+        exports.export(module, padded, dynamo=model in DYNAMO_ONLY, padded=True)
     return one, padded
 
 

@@ -7,7 +7,7 @@ timed once every length 5..60 has been seen once, a server's steady state), batc
 session with its defaults chooses (each new mix batched or each instance alone, whichever it
 measured faster: ``autobatch.ways``).
 
-    python -m benchmarks.exported_models [--models lstm,encoder,bert,gpt2,cnn] [--size 256] [--texts 64]
+    python -m benchmarks.exported_models [--models lstm,encoder,bert,bert-mask,gpt2,cnn] [--size 256] [--texts 64]
         [--providers auto|cpu|cuda]
 
 Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix; the
@@ -43,8 +43,10 @@ def lengths(count: int, rng: np.random.Generator) -> list[int]:
     return np.clip(np.rint(rng.lognormal(np.log(17), 0.6, count)), 5, 60).astype(int).tolist()
 
 
-def texts(sizes: list[int], rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
-    return [{"ids": rng.integers(0, exports.VOCABULARY, (1, n))} for n in sizes]
+def texts(sizes: list[int], rng: np.random.Generator, mask: bool = False) -> list[dict[str, np.ndarray]]:
+    """Texts of these lengths (with their attention ``mask`` too: every token real)."""
+    return [{"ids": rng.integers(0, exports.VOCABULARY, (1, n)), **({"mask": np.ones((1, n), np.int64)} if mask else {})}
+            for n in sizes]
 
 
 def images(count: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
@@ -53,7 +55,7 @@ def images(count: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
 
 
 def instances(name: str, count: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
-    return images(count, rng) if name == "cnn" else texts(lengths(count, rng), rng)
+    return images(count, rng) if name == "cnn" else texts(lengths(count, rng), rng, name.endswith(exports.MASKED))
 
 
 def padded(batch: list[dict[str, np.ndarray]], inputs: set[str]) -> dict[str, np.ndarray]:
@@ -99,7 +101,7 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path, provid
     # each call a mix of lengths never batched together before.
     if name != "cnn":  # (images: most of their 49^2 sizes are new in each mix)
         for session in (ours, chosen):
-            session.run_batch(None, texts(list(range(5, 61)), rng))
+            session.run_batch(None, texts(list(range(5, 61)), rng, name.endswith(exports.MASKED)))
     # What a new mix costs batched and alone, then, run alone, at once and in turn, as the session measures it.
     for _ in range(2 * (BATCHED_FIRST + 2)):
         chosen.run_batch(None, instances(name, count, rng))
@@ -171,7 +173,7 @@ def print_new_mix_split(total: float, parts: dict[str, float], alone: float) -> 
 
 def main(argv: list[str] | None = None) -> None:
     parser = arguments.parser("python -m benchmarks.exported_models", __doc__.splitlines()[0])
-    parser.add_argument("--models", default="lstm,encoder,bert,gpt2,cnn", help=f"some of {','.join(exports.MODELS)}")
+    parser.add_argument("--models", default="lstm,encoder,bert,bert-mask,gpt2,cnn", help=f"some of {','.join(exports.MODELS)}")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="model width")
     parser.add_argument("--texts", type=arguments.integer(1), default=64)
     parser.add_argument("--repeats", type=arguments.integer(1), default=5)

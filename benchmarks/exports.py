@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.export_files import DYNAMO_ONLY, MODELS, VOCABULARY
+from benchmarks.export_files import DYNAMO_ONLY, MASKED, MODELS, VOCABULARY
 
-__all__ = ["DYNAMO_ONLY", "MODELS", "VOCABULARY", "build", "export"]
+__all__ = ["DYNAMO_ONLY", "MASKED", "MODELS", "VOCABULARY", "build", "export"]
 
 
 class Tagger(torch.nn.Module):
