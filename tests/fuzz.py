@@ -230,6 +230,32 @@ def select(p: Program) -> None:  # PyTorch's packed q, k, v: one picked after a 
     p.add(p.node("Gather", [squeezed, index], axis=p.rng.choice((0, -3))), a.rows, c, a)
 
 
+def mask_pick(p: Program) -> None:  # attention whose key mask is picked by positions made from the length (HF's exports)
+    a = p.pick()
+    b = p.pick([v for v in p.floats() if v.cols == a.cols])
+    flags = [v for v in p.exact() if v.rows == b.rows]
+    if not flags:
+        return attention(p)
+    flat = p.node("Gather", [p.pick(flags).name, p.constant(np.array(0, np.int64))], axis=1)  # [rows]: which keys are kept
+    length = p.node("Gather", [p.node("Shape", [flat]), p.constant(np.array(0, np.int64))], axis=0)
+    ids = p.node("Range", [p.constant(np.array(0, np.int64)), length, p.constant(np.array(1, np.int64))])
+    if p.rng.random() < 0.5:  # from the end: -1, -2, ...
+        ids = p.node("Sub", [p.constant(np.array(-1, np.int64)), ids])
+    if p.rng.random() < 0.5:  # the legacy exporter's Gather, or dynamo's GatherND of (0, position) pairs
+        picked = p.node("Gather", [flat, ids], axis=0)
+    else:
+        column_ids = p.node("Unsqueeze", [ids, p.constant(_ints(-1))])
+        pairs = p.node("Concat", [p.node("Mul", [column_ids, p.constant(np.array(0, np.int64))]), column_ids], axis=-1)
+        picked = p.node("GatherND", [p.node("Unsqueeze", [flat, p.constant(_ints(0))]), pairs])
+    keep = p.node("Unsqueeze", [p.node("Greater", [picked, p.constant(np.array(0, np.float32))]), p.constant(_ints(0))])
+    scores = p.node("MatMul", [a.name, p.node("Transpose", [b.name], perm=[1, 0])])
+    masked = p.node("Where", [p.node("Expand", [keep, p.node("Shape", [scores])]), scores,
+                              p.constant(np.array(-1e4, np.float32))])
+    weights = p.node("Softmax", [masked], axis=-1)
+    c = p.pick([v for v in p.floats() if v.rows == b.rows])
+    p.add(p.node("MatMul", [weights, c.name]), a.rows, c.cols, sums=True)
+
+
 def lookup(p: Program) -> None:
     ids = p.pick([v for v in p.values if not v.cols])
     p.add(p.node("Gather", [p.weight(VOCAB, WIDTH), ids.name], axis=0), ids.rows, WIDTH)
@@ -307,7 +333,7 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
 }
 # Steps added after seeds were recorded in tests: drawn only where asked for by kind, so that a
 # recorded seed still makes its program.
-LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select)}
+LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select), "mask_pick": (1, mask_pick)}
 
 
 # The steps a model planned once per node takes (``batcher.instance_axis``): the programs of

@@ -57,6 +57,17 @@ def test_random_programs_with_heads_picked_after_a_transpose():
                 np.testing.assert_allclose(ours, standard, rtol=1e-5, atol=1e-6)
 
 
+def test_random_programs_with_attention_masks_picked_by_positions():
+    """Key masks picked from a value by positions made from its length (a Gather, or a GatherND
+    of (0, position) pairs, from the start or the end) and expanded to the scores, as Hugging
+    Face's exports pick an attention mask, among the steps a node-level plan takes."""
+    outcomes = fuzz(range(6_000_000, 6_000_100), BACKENDS, kinds=(*NODE_LEVEL, "mask_pick"))
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.5 * 3 * outcome.programs, report(outcomes)
+        assert outcome.ops["GatherND"] and outcome.ops["Expand"], report(outcomes)
+
+
 @pytest.mark.slow
 def test_three_thousand_random_node_level_programs_on_each_backend():
     _check(programs=3_000, seed=3_000_000, kinds=NODE_LEVEL)
