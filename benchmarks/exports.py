@@ -101,6 +101,7 @@ def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bo
         warnings.simplefilter("ignore")  # the exporters' deprecations and notes
         torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=18 if dynamo else 17,
                           input_names=names, output_names=["y"],
-                          dynamic_axes={"ids": axes, **({"mask": axes} if masked else {}),
+                          dynamic_axes={"ids": axes, **({"mask": {0: "batch", 1: "length"} if padded else {1: "length"}}
+                                                        if masked else {}),
                                         "y": ({0: "batch"} if padded else {}) if image else axes})
     return path

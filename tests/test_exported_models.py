@@ -200,6 +200,19 @@ def test_an_export_that_takes_its_attention_mask_runs_every_mix_as_one_graph(tmp
     assert len(session._flat_plans) == 0 and session.axis_batches.lengths is not None  # (new lengths not typed)
 
 
+@pytest.mark.parametrize("name", ["lstm", "cnn"])
+def test_the_benchmarks_padded_export_runs_a_padded_batch(tmp_path, name):
+    """The other system of ``benchmarks.exported_models``: the model exported for a padded batch
+    (``ids`` and ``mask``, a batch axis) runs two padded instances (the images' export once
+    gave its mask the image's axes and failed)."""
+    path = exports.export(exports.build(name, 8), tmp_path / f"{name}.onnx", padded=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ids = np.zeros((2, 3, 16, 20), np.float32) if name == "cnn" else np.zeros((2, 6), np.int64)
+    feeds = {"ids": ids, "mask": np.ones((2, ids.shape[-1]), np.int64)}
+    names = {info.name for info in session.get_inputs()}
+    assert session.run(None, {k: v for k, v in feeds.items() if k in names})[0].shape[0] == 2
+
+
 @pytest.mark.parametrize("name, dynamo", [("encoder", True), ("bert", False), ("bert", True), ("gpt2", False),
                                           ("gpt2", True)])
 def test_a_new_length_of_an_export_is_checked_without_typing_and_gets_the_constants_typing_gives(exported, name, dynamo):
