@@ -207,6 +207,8 @@ class _Lowering:
                 target = self.constant(f"{out}/target", np.array(step.target, np.int64))
                 self.node("Reshape", [inputs[0], target], f"{out}/chunk{k}")
                 continue
+            if step.axis_input is not None:  # an axis given as an input: one further right too
+                inputs[1] = self.constant(f"{out}/axis", np.array(step.axis_input + 1, np.int64))
             if step.broadcast is not None:  # to the output's pattern at the chunk's longest (its batch axis kept)
                 sizes = [padded_feeds(k)[3] if d is None else self.constant(f"{out}/size{d}", np.array([d], np.int64))
                          for d in (1, *step.broadcast)]

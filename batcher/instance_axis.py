@@ -14,7 +14,8 @@ serves every mix. A node runs in one of two layouts:
   ``[1, N, d]``. A reshape of each row is a Reshape to its row shape; a recurrent layer runs as
   padded chunks of sequences (``batcher.sequences``); a Gather (or GatherND) along the length by
   positions of each length's own (Hugging Face's exports pick their attention mask so) reads
-  them given per mix, offset to each instance's rows (``GATHER``).
+  them given per mix, offset to each instance's rows (``GATHER``); a GatherElements from a shared
+  table by each row's own indices (``ELEMENTS``).
 - **padded**: where it is not (attention: a product of two per-instance values, ``[1, H, L, L]``),
   over the instances sorted by length and cut into chunks of 8, each padded to its longest:
   ``[8, 1, H, Lmax, Lmax]``, the model's node itself on a new leading batch axis (its axis
@@ -22,7 +23,8 @@ serves every mix. A node runs in one of two layouts:
   length axis first sets its padded positions to -inf (``key_mask``), a product summing over a
   length axis first zeroes both operands' padded positions there (``zeroed``), and the only other
   nodes taken keep each position apart (elementwise ops, Transpose, Reshape keeping the
-  positions, Concat along other axes, an Expand of size-1 axes to the chunk's longest). So
+  positions, Concat along other axes, an Expand of size-1 axes to the chunk's longest) or read
+  only earlier positions (a CumSum; reversed, its padded positions zeroed first). So
   every real position is computed from real ones only,
   in the kernels' own summation order (float32 within 1e-5 relative).
 
@@ -51,6 +53,7 @@ from autobatch.ir.types import ValueType, type_of_value
 
 ROWS_KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free signatures the rows layout takes
 GATHER = "gather"  # a rows step: a Gather(ND) along the length by indices of each length's own (a mask's positions)
+ELEMENTS = "elements"  # a rows step: a GatherElements from a shared table by each row's own indices
 PADDED_ELEMENTWISE = frozenset({*ELEMENTWISE, "IsNaN", "IsInf"})
 PADDED = "padded"
 Pattern = tuple  # a per-instance value's shape, None at each axis of the instance's length
@@ -73,6 +76,7 @@ class Step:
     target: tuple[int, ...] | None = None
     broadcast: Pattern | None = None  # an Expand's: its output's pattern (the chunk's longest at each None)
     component: int | None = None  # a GatherND's (``GATHER``): the entry of its index tuples that is a position
+    axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
 
     @property
     def reads_constants(self) -> bool:
@@ -130,7 +134,7 @@ class InstanceAxisPlan:
             if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
                 return refuse(f"{where} reads a constant of another shape")
-            if step.kind == GATHER:  # (its indices' shape checked above, their values when fed)
+            if step.kind in (GATHER, ELEMENTS):  # (its indices' shape checked above, their values when fed)
                 continue
             if step.kind == PADDED:
                 values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
@@ -196,7 +200,8 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                 if pattern is None:
                     return refuse(f"{where}: its output {name!r} is not of the instance's length")
                 patterns[name] = pattern
-        step = _gather_step(a, fed, patterns) or _rows_step(a, b, first, second, opset, fed)
+        step = _gather_step(a, fed, patterns) or _elements_step(a, first.weights, fed, patterns) or \
+            _rows_step(a, b, first, second, opset, fed)
         if isinstance(step, Refusal):
             step = _padded_step(a, first.weights, fed, patterns, opset)
             if isinstance(step, Refusal):
@@ -248,6 +253,23 @@ def _gather_step(record: Record, fed: dict[str, Pattern | None], patterns: dict[
             or _rows_axis(positions[:-1]) is None or out != (*positions[:-1], *data[tuples:]):
         return None
     return Step(GATHER, fed={record.inputs[1]: positions}, component=rows)
+
+
+def _elements_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
+                   patterns: dict[str, Pattern]) -> Step | None:
+    """A GatherElements from a shared table along the rows axis of its per-instance indices:
+    each output row reads only its own row of indices, so it runs over every instance's rows
+    (RoBERTa's exports pick its token types so, by position ids). None for any other record."""
+    if record.op_type != "GatherElements" or record.domain or len(record.inputs) != 2:
+        return None
+    table, indices = record.inputs
+    if table not in weights or table in fed or not isinstance(record.entries[1], ValueType):
+        return None
+    pattern = patterns[indices]
+    axis = record_attribute(record, "axis", 0) % len(pattern)
+    if _rows_axis(pattern) != axis or patterns.get(record.outputs[0]) != pattern:
+        return None
+    return Step(ELEMENTS)
 
 
 def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRecords, opset: int,
@@ -324,6 +346,14 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         return step
     if op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten") and list(data) == [0]:
         return _padded_reshape(op, data[0], outs[0])
+    if op == "CumSum" and list(data) == [0]:  # (RoBERTa's position ids: the count of real tokens so far)
+        if record.inputs[1] not in weights or record.inputs[1] in fed:
+            return refuse("a CumSum along an axis given per instance")
+        axis = int(weights[record.inputs[1]]) % rank
+        if record_attribute(record, "reverse", 0) and data[0][axis] is None:  # past the end, padding would count
+            step.zeroed = {0: axis}
+        step.axis_input = axis
+        return step
     if op == "Expand" and list(data) == [0]:  # (a mask's positions to an attention's [1, 1, L, L])
         if len(data[0]) != rank or any(d != o and d != 1 for d, o in zip(data[0], outs[0])):
             return refuse("an Expand that adds axes, or changes its length's")

@@ -1,6 +1,6 @@
 """Models as PyTorch and Hugging Face export them, built from small configs with random weights
 (no downloads): an embedding and a bidirectional LSTM or GRU tagger, ``nn.TransformerEncoder``,
-BERT, GPT-2, and a CNN over images of any size. ``export`` writes one for ONE instance
+BERT, RoBERTa, GPT-2, and a CNN over images of any size. ``export`` writes one for ONE instance
 (``ids [1, length]``; the CNN's ``ids`` are an image ``[1, 3, height, width]``), as most users
 bring it; ``mask=True`` with the attention mask as an input too (``mask [1, length]``, as a
 tokenizer gives it and Hugging Face's own exports take it); ``padded=True`` writes it for a
@@ -68,7 +68,7 @@ class LastHidden(torch.nn.Module):
 
 
 def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
-    """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for bert, gpt2)."""
+    """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for bert, roberta, gpt2)."""
     torch.manual_seed(seed)
     if name in ("lstm", "gru"):
         return Tagger(name.upper(), size).eval()
@@ -78,10 +78,12 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
         return Classifier(size).eval()
     import transformers
 
-    if name == "bert":
-        config = transformers.BertConfig(vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers,
-                                         num_attention_heads=4, intermediate_size=2 * size, max_position_embeddings=128)
-        return LastHidden(transformers.BertModel(config)).eval()
+    if name in ("bert", "roberta"):  # (RoBERTa: position ids counted from the non-padding tokens, CumSum)
+        kind, model = (transformers.BertConfig, transformers.BertModel) if name == "bert" else \
+            (transformers.RobertaConfig, transformers.RobertaModel)
+        config = kind(vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers, num_attention_heads=4,
+                      intermediate_size=2 * size, max_position_embeddings=128)
+        return LastHidden(model(config)).eval()
     config = transformers.GPT2Config(vocab_size=VOCABULARY, n_embd=size, n_layer=layers, n_head=4, n_positions=128)
     return LastHidden(transformers.GPT2Model(config)).eval()
 

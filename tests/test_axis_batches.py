@@ -373,6 +373,35 @@ def test_a_mask_picked_by_positions_of_each_length_runs_planned_once(backend, pi
     assert session.axis_batches.lengths is not None
 
 
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("exclusive", [0, 1])
+def test_a_count_along_the_length_runs_padded_and_picks_from_a_table_by_rows(backend, reverse, exclusive):
+    """RoBERTa's position ids: a CumSum along the length of each instance's flags runs padded (a
+    reversed one with its padded positions zeroed first: here it reads another CumSum's padded
+    result, whose padding holds the total), and a GatherElements from a shared table by those
+    counts runs over every instance's rows."""
+    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x, int64[1, L] ids) => (float[1, L, 4] y, int64[1, L] c) {{
+        less = Less(ids, three)
+        m = Cast<to = 7>(less)
+        counts = CumSum(m, one0)
+        c = CumSum<reverse = {reverse}, exclusive = {exclusive}>(counts, one0)
+        picks = Min(c, last)
+        t = GatherElements<axis = 1>(table, picks)
+        t3 = Unsqueeze(t, two)
+        y = Mul(x, t3) }}""", **_I, one0=np.array(1, np.int64), three=np.array(3, np.int64),
+                   last=np.array(63, np.int64), table=np.random.default_rng(3).standard_normal((1, 64)).astype(np.float32))
+    rng = np.random.default_rng(25)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths in ([3, 7, 5], [9, 2, 11, 4, 6, 13, 8, 10, 3]):
+        batch = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32), "ids": rng.integers(0, 6, (1, n))}
+                 for n in lengths]
+        assert_batched_equals_alone(session, batch)
+        report = session.stats.report
+        assert report.scheduler == "instance axis", session.axis_batches.refusal
+    assert report.launches_by_op["CumSum"] == 2 * math.ceil(len(lengths) / 8) and report.launches_by_op["GatherElements"] == 1
+
+
 def test_positions_past_an_instances_length_are_an_error_not_another_instances_row():
     from autobatch.backends.instance_axis import _positions
 

@@ -176,11 +176,13 @@ def test_an_exported_tagger_runs_every_new_mix_as_one_graph_of_its_nodes(exporte
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-@pytest.mark.parametrize("name, dynamo", [("bert", False), ("bert", True), ("gpt2", False), ("gpt2", True)])
+@pytest.mark.parametrize("name, dynamo", [("bert", False), ("bert", True), ("gpt2", False), ("gpt2", True),
+                                          ("roberta", False), ("roberta", True)])
 def test_an_export_that_takes_its_attention_mask_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
     """Exported with ``attention_mask`` as an input (as a tokenizer gives it, some of each text's
     tokens masked): the exporters pick the mask's positions by a Gather (legacy) or a GatherND
-    (dynamo) of indices made from the length, and expand it to ``[1, 1, L, L]``; every mix, of
+    (dynamo) of indices made from the length, and expand it to ``[1, 1, L, L]``; RoBERTa counts
+    its position ids with a CumSum and picks its token types by a GatherElements. Every mix, of
     new lengths too, runs as one graph of the model's nodes, each text's results its own."""
     pytest.importorskip("transformers")
     path = exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True)
