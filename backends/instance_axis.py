@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
-from autobatch.batcher.instance_axis import GATHER, PADDED, InstanceAxisPlan, aligned, pattern_at
+from autobatch.batcher.instance_axis import GATHER, PADDED, PICK, InstanceAxisPlan, aligned, pattern_at
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, chunk_members, chunks
 from autobatch.ir import Recent, from_onnx
@@ -77,6 +77,13 @@ class _Lowering:
                 self.padded_node(record, step)
             elif step.kind == "sequences":
                 self.recurrent(record, self.rows(record.inputs[0]))
+            elif step.kind == PICK:  # each instance's row at the position (``mix_feeds``), one row an instance
+                out = self.plan.patterns[record.outputs[0]]
+                axis = self.plan.axis(record.inputs[0])
+                rows = self.node("Gather", [self.rows(record.inputs[0]), picked_rows(record)], f"{record.outputs[0]}/rows",
+                                 axis=axis)
+                self.node("Reshape", [rows, self.constant(f"{record.outputs[0]}/shape", np.array([-1, *out[1:]], np.int64))],
+                          record.outputs[0])
             elif step.kind == GATHER:  # its indices given offset to each instance's rows (``mix_feeds``)
                 self.nodes.append(helper.make_node(record.op_type, [self.rows(record.inputs[0]), record.inputs[1]],
                                                    record.outputs))
@@ -89,8 +96,8 @@ class _Lowering:
                 self.nodes.append(helper.make_node(record.op_type, [self.rows(n) if n else n for n in record.inputs],
                                                    record.outputs, domain=record.domain or None))
                 self.nodes[-1].attribute.extend(record.attributes.values())
-        outputs = [_info(self.rows(name), self.plan.patterns[name], "", record_type(self.plan, name))
-                   for name in self.plan.outputs]
+        outputs = [_info(self.rows(name), (None, *self.plan.patterns[name][1:]) if self.plan.one_row(name)
+                         else self.plan.patterns[name], "", record_type(self.plan, name)) for name in self.plan.outputs]
         for info, name in zip(outputs, self.plan.outputs):
             info.name = name
             if self.rows(name) != name:
@@ -111,6 +118,8 @@ class _Lowering:
                           for k in range(self.chunk_count)]
             else:
                 infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
+        infos += [helper.make_tensor_value_info(picked_rows(record), TensorProto.INT64, [None])
+                  for record, step in zip(plan.records, plan.steps) if step.kind == PICK]
         if plan.padded:
             infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
             for k in range(self.chunk_count):
@@ -296,6 +305,12 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
                 feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
         else:
             feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
+    for record, step in zip(plan.records, plan.steps):
+        if step.kind == PICK:  # each instance's row at the position, counted from its own end where negative
+            positions = np.full(len(lengths), step.position, np.int64)
+            if np.any(positions < -lengths) or np.any(positions >= lengths):
+                raise IndexError(f"position {step.position} of {record.outputs[0]!r} is past an instance's length")
+            feeds[picked_rows(record)] = starts + positions % lengths
     if plan.padded:
         feeds.update(_padded_chunks(members, lengths))
     if not plan.recurrent:
@@ -310,6 +325,11 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
         offset += len(part.source)
     feeds[TARGETS] = targets
     return feeds, len(members)
+
+
+def picked_rows(record: Any) -> str:
+    """The feed of a ``PICK``'s rows: each instance's row at its position."""
+    return f"{record.outputs[0]}/picked"
 
 
 def _positions(indices: np.ndarray, component: int | None, length: int, start: int, name: str) -> np.ndarray:
@@ -386,8 +406,9 @@ class InstanceAxisRunner:
         """Outputs ``names`` of every instance (``lengths``: its rows), and the chunks it ran in."""
         feeds, count = mix_feeds(self.plan, feeds_list, lengths, constants)
         values = run_session(self._run(count), list(names), feeds)
-        cuts = np.cumsum(lengths)[:-1]
-        split = [np.split(value, cuts, axis=self.plan.axis(name)) for name, value in zip(names, values)]
+        cuts, ones = np.cumsum(lengths)[:-1], np.arange(1, len(lengths))
+        split = [np.split(value, ones if self.plan.one_row(name) else cuts, axis=self.plan.axis(name))
+                 for name, value in zip(names, values)]
         return [list(outputs) for outputs in zip(*split)], count
 
     def launches(self, chunk_count: int) -> dict[str, int]:

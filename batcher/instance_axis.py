@@ -15,7 +15,10 @@ serves every mix. A node runs in one of two layouts:
   padded chunks of sequences (``batcher.sequences``); a Gather (or GatherND) along the length by
   positions of each length's own (Hugging Face's exports pick their attention mask so) reads
   them given per mix, offset to each instance's rows (``GATHER``); a GatherElements from a shared
-  table by each row's own indices (``ELEMENTS``).
+  table by each row's own indices (``ELEMENTS``). One position of each instance picked along the
+  length (a classifier's first token: ``PICK``) is a value of **one row an instance** (``[1, d]``
+  each, ``[n, d]`` for the mix): the row-wise ops after it (the pooler, the head) run over those
+  rows, and such a value is never padded nor read beside a value of the length.
 - **padded**: where it is not (attention: a product of two per-instance values, ``[1, H, L, L]``),
   over the instances sorted by length and cut into chunks of 8, each padded to its longest:
   ``[8, 1, H, Lmax, Lmax]``, the model's node itself on a new leading batch axis (its axis
@@ -54,6 +57,7 @@ from autobatch.ir.types import ValueType, type_of_value
 ROWS_KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free signatures the rows layout takes
 GATHER = "gather"  # a rows step: a Gather(ND) along the length by indices of each length's own (a mask's positions)
 ELEMENTS = "elements"  # a rows step: a GatherElements from a shared table by each row's own indices
+PICK = "pick"  # a rows step: one position of each instance (a pooler's first token): a value of one row an instance
 PADDED_ELEMENTWISE = frozenset({*ELEMENTWISE, "IsNaN", "IsInf"})
 PADDED = "padded"
 Pattern = tuple  # a per-instance value's shape, None at each axis of the instance's length
@@ -77,6 +81,7 @@ class Step:
     broadcast: Pattern | None = None  # an Expand's: its output's pattern (the chunk's longest at each None)
     component: int | None = None  # a GatherND's (``GATHER``): the entry of its index tuples that is a position
     axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
+    position: int | None = None  # a ``PICK``'s position along the length (negative: from the end)
 
     @property
     def reads_constants(self) -> bool:
@@ -113,8 +118,13 @@ class InstanceAxisPlan:
 
     def axis(self, name: str) -> int:
         """The axis of a per-instance value's rows (of the model's inputs and outputs: the first
-        axis of the instance's length)."""
-        return self.patterns[name].index(None)
+        axis of the instance's length, or the first of a value of one row an instance)."""
+        pattern = self.patterns[name]
+        return pattern.index(None) if None in pattern else 0
+
+    def one_row(self, name: str) -> bool:
+        """Whether a per-instance value has one row an instance (no length axis: a pooled output)."""
+        return None not in self.patterns[name]
 
     def refusal(self, instance: InstanceRecords) -> Refusal | None:
         """Why an instance of another input signature is not computed by this plan (its nodes
@@ -134,7 +144,7 @@ class InstanceAxisPlan:
             if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
                 return refuse(f"{where} reads a constant of another shape")
-            if step.kind in (GATHER, ELEMENTS):  # (its indices' shape checked above, their values when fed)
+            if step.kind in (GATHER, ELEMENTS, PICK):  # (its indices' shape checked above, their values when fed)
                 continue
             if step.kind == PADDED:
                 values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
@@ -142,7 +152,7 @@ class InstanceAxisPlan:
                 if any(vtype is None or not fits_pattern(vtype.shape, self.patterns[name], length) for name, vtype in values):
                     return refuse(f"{where} has other shapes at this length")
                 continue
-            found = _signature(record, instance.weights, self.opset, step.fed)
+            found = _signature(record, instance.weights, self.opset, step.fed, _row_axis(mine, self.patterns))
             if found != step.signature and step.signature not in one_row_signatures(
                     _with_fed(record, instance.weights, step.fed), instance.weights, self.opset,
                     attributes_key(record.attributes)):
@@ -201,7 +211,10 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                     return refuse(f"{where}: its output {name!r} is not of the instance's length")
                 patterns[name] = pattern
         step = _gather_step(a, fed, patterns) or _elements_step(a, first.weights, fed, patterns) or \
-            _rows_step(a, b, first, second, opset, fed)
+            _pick_step(a, first.weights, fed, patterns) or _rows_step(a, b, first, second, opset, fed,
+                                                                     _row_axis(a, patterns))
+        if not isinstance(step, Refusal) and step.kind not in (PICK, "sequences") and _mixes_rows(a, patterns):
+            step = refuse("it reads values of the length and values of one row an instance")
         if isinstance(step, Refusal):
             step = _padded_step(a, first.weights, fed, patterns, opset)
             if isinstance(step, Refusal):
@@ -224,8 +237,9 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                 return refuse(f"{where} reads a padded value that has no rows")
         steps.append(step)
     for name in outputs:
-        if name not in patterns or patterns[name].count(None) != 1 or _rows_axis(patterns[name]) is None:
-            return refuse(f"output {name!r} has no rows along one axis of its length")
+        one_row = name in patterns and None not in patterns[name] and patterns[name][:1] == (1,)
+        if name not in patterns or not one_row and (patterns[name].count(None) != 1 or _rows_axis(patterns[name]) is None):
+            return refuse(f"output {name!r} has no rows along one axis of its length, nor one row an instance")
     return InstanceAxisPlan(first.records, steps, first.weights, patterns, list(inputs), list(outputs), opset, fed_as,
                             {name: positions for name, positions in indices.items() if positions is not False})
 
@@ -272,25 +286,55 @@ def _elements_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[
     return Step(ELEMENTS)
 
 
+def _pick_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
+               patterns: dict[str, Pattern]) -> Step | None:
+    """A Gather of one shared position (a scalar: the first token, or the last) along the length
+    of a value in rows: a value of one row an instance (``[1, d]`` of each, ``[n, d]`` of the mix),
+    read per mix at each instance's row of that position (a classifier's pooler). None for any
+    other record."""
+    if record.op_type != "Gather" or record.domain or len(record.inputs) != 2 or record.inputs[1] in fed \
+            or record.inputs[1] not in weights or np.ndim(weights[record.inputs[1]]) != 0:
+        return None
+    data, out = patterns.get(record.inputs[0]), patterns.get(record.outputs[0])
+    axis = record_attribute(record, "axis", 0) % len(data) if data else None
+    if data is None or _rows_axis(data) != axis or out != data[:axis] + data[axis + 1:] or out[:1] != (1,):
+        return None
+    return Step(PICK, position=int(weights[record.inputs[1]]))
+
+
+def _row_axis(record: Record, patterns: dict[str, Pattern]) -> int | None:
+    """0 for a record of values of one row an instance (their rows are their first axis, of 1),
+    else None (``rows_of`` finds them)."""
+    values = [patterns[name] for name in (*record.inputs, *record.outputs) if name in patterns]
+    return 0 if values and all(None not in pattern for pattern in values) else None
+
+
+def _mixes_rows(record: Record, patterns: dict[str, Pattern]) -> bool:
+    """Whether a record reads or makes both values of the length and values of one row an
+    instance (whose rows would not line up: ``[1, N, d]`` against ``[n, d]``)."""
+    values = [patterns[name] for name in (*record.inputs, *record.outputs) if name in patterns]
+    return len({None in pattern for pattern in values}) > 1
+
+
 def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRecords, opset: int,
-               fed: dict[str, Pattern | None]) -> Step | Refusal:
+               fed: dict[str, Pattern | None], axis: int | None = None) -> Step | Refusal:
     """The record as a rows step (its signature the same at both lengths), or why not. (A padded
     value it reads goes back to rows: a Gather of its real positions, cheaper than running every
     padded position.)"""
-    sig_a = _signature(a, first.weights, opset, {})
+    sig_a = _signature(a, first.weights, opset, {}, axis)
     if not isinstance(sig_a, Refusal) and sig_a[0] == "reshape":  # its target, folded per length, is not read
-        return Step("reshape", sig_a) if sig_a == _signature(b, second.weights, opset, {}) else refuse("a reshape")
+        return Step("reshape", sig_a) if sig_a == _signature(b, second.weights, opset, {}, axis) else refuse("a reshape")
     if any(pattern is None or _rows_axis(pattern) is None for pattern in fed.values()):
         return refuse("a constant that differs between lengths, not along its rows")
     if fed:
-        sig_a = _signature(a, first.weights, opset, fed)
+        sig_a = _signature(a, first.weights, opset, fed, axis)
     if isinstance(sig_a, Refusal):
         return sig_a
     if sig_a[0] not in ROWS_KINDS:
         return refuse(f"a {sig_a[0]} step")
     if sig_a[0] == "sequences" and (fed or any(isinstance(e, ValueType) for e in a.entries[1:])):
         return refuse("a recurrent layer with initial states of its own")
-    if sig_a != _signature(b, second.weights, opset, fed):
+    if sig_a != _signature(b, second.weights, opset, fed, axis):
         return refuse("it signs otherwise at another length")
     return Step(sig_a[0], sig_a, dict(fed))  # type: ignore[arg-type]
 
@@ -301,6 +345,10 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
     data = {k: patterns[name] for k, (name, entry) in enumerate(zip(record.inputs, record.entries))
             if isinstance(entry, ValueType)}
     outs = [patterns[name] for name in record.outputs if name]
+    if any(None not in pattern for pattern in data.values()):
+        return refuse("a value of one row an instance, not padded")
+    if any(None not in pattern for pattern in outs):  # (a reduction over the length)
+        return refuse("not row-wise, and no padded rule")
     if outs:  # a constant of a lower rank broadcasts as one with leading 1s
         fed = {name: p if p is None else (1,) * (len(outs[0]) - len(p)) + p for name, p in fed.items()}
     if record.domain or not outs:
@@ -372,8 +420,9 @@ def _padded_reshape(op: str, source: Pattern, out: Pattern) -> Step | Refusal:
     return Step(PADDED, target=(0, *(-1 if d is None else d for d in out)))
 
 
-def _signature(record: Record, weights: Mapping[str, np.ndarray], opset: int, fed: Mapping[str, object]) -> tuple | Refusal:
-    return ragged_signature(_with_fed(record, weights, fed), weights, opset, attributes_key(record.attributes))
+def _signature(record: Record, weights: Mapping[str, np.ndarray], opset: int, fed: Mapping[str, object],
+               axis: int | None = None) -> tuple | Refusal:
+    return ragged_signature(_with_fed(record, weights, fed), weights, opset, attributes_key(record.attributes), axis)
 
 
 def _with_fed(record: Record, weights: Mapping[str, np.ndarray], fed: Mapping[str, object]) -> Record:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 VOCABULARY = 100
 MASKED = "-mask"  # a model exported with its attention mask as an input too: "bert-mask"
-MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn", "roberta", f"bert{MASKED}", f"gpt2{MASKED}", f"roberta{MASKED}")
+MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn", "roberta", f"bert{MASKED}", f"gpt2{MASKED}", f"roberta{MASKED}",
+          f"bert-cls{MASKED}")  # (-cls: the model's sequence classifier, ``exports.build``)
 DYNAMO_ONLY = frozenset({"encoder"})  # the legacy exporter writes its head split for the traced length only
 
 

@@ -7,7 +7,7 @@ timed once every length 5..60 has been seen once, a server's steady state), batc
 session with its defaults chooses (each new mix batched or each instance alone, whichever it
 measured faster: ``autobatch.ways``).
 
-    python -m benchmarks.exported_models [--models lstm,encoder,bert,bert-mask,gpt2,cnn] [--size 256] [--texts 64]
+    python -m benchmarks.exported_models [--models lstm,encoder,bert,bert-mask,bert-cls-mask,gpt2,cnn] [--size 256] [--texts 64]
         [--providers auto|cpu|cuda]
 
 Lengths are drawn lognormal (median 17, clipped to 5..60), a new draw for each new mix; the
@@ -173,7 +173,7 @@ def print_new_mix_split(total: float, parts: dict[str, float], alone: float) -> 
 
 def main(argv: list[str] | None = None) -> None:
     parser = arguments.parser("python -m benchmarks.exported_models", __doc__.splitlines()[0])
-    parser.add_argument("--models", default="lstm,encoder,bert,bert-mask,gpt2,cnn", help=f"some of {','.join(exports.MODELS)}")
+    parser.add_argument("--models", default="lstm,encoder,bert,bert-mask,bert-cls-mask,gpt2,cnn", help=f"some of {','.join(exports.MODELS)}")
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="model width")
     parser.add_argument("--texts", type=arguments.integer(1), default=64)
     parser.add_argument("--repeats", type=arguments.integer(1), default=5)

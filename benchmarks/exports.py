@@ -1,6 +1,7 @@
 """Models as PyTorch and Hugging Face export them, built from small configs with random weights
 (no downloads): an embedding and a bidirectional LSTM or GRU tagger, ``nn.TransformerEncoder``,
-BERT, RoBERTa, GPT-2, and a CNN over images of any size. ``export`` writes one for ONE instance
+BERT, RoBERTa, GPT-2, and a CNN over images of any size; BERT's, RoBERTa's and DistilBERT's
+sequence classifiers (``"bert-cls"``: logits of 3 labels, from the first token). ``export`` writes one for ONE instance
 (``ids [1, length]``; the CNN's ``ids`` are an image ``[1, 3, height, width]``), as most users
 bring it; ``mask=True`` with the attention mask as an input too (``mask [1, length]``, as a
 tokenizer gives it and Hugging Face's own exports take it); ``padded=True`` writes it for a
@@ -17,7 +18,8 @@ import torch
 
 from benchmarks.export_files import DYNAMO_ONLY, MASKED, MODELS, VOCABULARY
 
-__all__ = ["DYNAMO_ONLY", "MASKED", "MODELS", "VOCABULARY", "build", "export"]
+CLASSIFIER = "-cls"  # a model's sequence classifier: "bert-cls", "roberta-cls", "distilbert-cls"
+__all__ = ["CLASSIFIER", "DYNAMO_ONLY", "MASKED", "MODELS", "VOCABULARY", "build", "export"]
 
 
 class Tagger(torch.nn.Module):
@@ -67,6 +69,13 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
+class Logits(LastHidden):
+    """A sequence classifier's logits (its pooler: the first token, then a dense layer)."""
+
+    def forward(self, ids, mask=None):
+        return self.model(input_ids=ids, attention_mask=mask).logits
+
+
 def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
     """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for bert, roberta, gpt2)."""
     torch.manual_seed(seed)
@@ -78,12 +87,21 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
         return Classifier(size).eval()
     import transformers
 
+    classifier = name.endswith(CLASSIFIER)  # "bert-cls": its sequence classifier, 3 labels
+    name = name.removesuffix(CLASSIFIER)
     if name in ("bert", "roberta"):  # (RoBERTa: position ids counted from the non-padding tokens, CumSum)
         kind, model = (transformers.BertConfig, transformers.BertModel) if name == "bert" else \
             (transformers.RobertaConfig, transformers.RobertaModel)
+        if classifier:
+            model = transformers.BertForSequenceClassification if name == "bert" else \
+                transformers.RobertaForSequenceClassification
         config = kind(vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers, num_attention_heads=4,
-                      intermediate_size=2 * size, max_position_embeddings=128)
-        return LastHidden(model(config)).eval()
+                      intermediate_size=2 * size, max_position_embeddings=128, num_labels=3)
+        return (Logits if classifier else LastHidden)(model(config)).eval()
+    if name == "distilbert" and classifier:
+        config = transformers.DistilBertConfig(vocab_size=VOCABULARY, dim=size, n_layers=layers, n_heads=4,
+                                               hidden_dim=2 * size, max_position_embeddings=128, num_labels=3)
+        return Logits(transformers.DistilBertForSequenceClassification(config)).eval()
     config = transformers.GPT2Config(vocab_size=VOCABULARY, n_embd=size, n_layer=layers, n_head=4, n_positions=128)
     return LastHidden(transformers.GPT2Model(config)).eval()
 

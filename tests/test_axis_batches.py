@@ -402,6 +402,46 @@ def test_a_count_along_the_length_runs_padded_and_picks_from_a_table_by_rows(bac
     assert report.launches_by_op["CumSum"] == 2 * math.ceil(len(lengths) / 8) and report.launches_by_op["GatherElements"] == 1
 
 
+@pytest.mark.parametrize("position", [0, -1, 2])
+def test_a_pooled_token_and_its_head_run_one_row_an_instance(backend, position):
+    """A classifier's pooler: one position of each instance (the first token, the last, the
+    third) picked along the length, then a dense layer and a head over one row an instance
+    (``[1, d]`` each, ``[n, d]`` for the mix), beside an output of the length."""
+    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, 3] logits, float[1, L, 4] h) {{
+        h = Tanh(x)
+        pooled = Gather<axis = 1>(h, at)
+        dense = Gemm<transB = 1>(pooled, w, b)
+        act = Tanh(dense)
+        logits = MatMul(act, head) }}""", at=np.array(position, np.int64),
+                   w=np.random.default_rng(4).standard_normal((4, 4)).astype(np.float32), b=np.ones(4, np.float32),
+                   head=np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32))
+    rng = np.random.default_rng(26)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths in ([3, 7, 5], [9, 4, 11, 4, 6, 13, 8, 10, 3]):
+        batch = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]
+        assert_batched_equals_alone(session, batch)
+        report = session.stats.report
+        assert report.scheduler == "instance axis", session.axis_batches.refusal
+    assert report.launches_by_op == {"Tanh": 2, "Gather": 1, "Gemm": 1, "MatMul": 1}
+
+
+def test_a_value_of_the_length_beside_one_of_one_row_an_instance_is_refused(backend):
+    """Each token plus its text's first token: rows of the length and one row an instance do
+    not line up (``[1, N, d]`` against ``[n, d]``): refused, and planned per mix."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        first = Gather<axis = 1>(x, at)
+        lifted = Unsqueeze(first, one)
+        y = Add(x, lifted) }""", **_I, at=np.array(0, np.int64))
+    rng = np.random.default_rng(27)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    batch = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)]
+    assert_batched_equals_alone(session, batch)
+    assert session.stats.report.scheduler != "instance axis"
+    assert "one row an instance" in session.axis_batches.refusal
+
+
 def test_positions_past_an_instances_length_are_an_error_not_another_instances_row():
     from autobatch.backends.instance_axis import _positions
 

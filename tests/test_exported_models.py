@@ -202,6 +202,31 @@ def test_an_export_that_takes_its_attention_mask_runs_every_mix_as_one_graph(tmp
     assert len(session._flat_plans) == 0 and session.axis_batches.lengths is not None  # (new lengths not typed)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("name", ["bert-cls", "roberta-cls", "distilbert-cls"])
+def test_an_exported_sequence_classifier_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
+    """A classifier's logits ``[1, 3]`` come from its first token: picked from every text's rows
+    at each text's own first row, then the pooler and the head over one row a text; every mix
+    (with attention masks, new lengths too) runs as one graph of the model's nodes."""
+    pytest.importorskip("transformers")
+    path = exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True)
+    alone = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = InferenceSession(str(path), backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(11)
+    for lengths in (LENGTHS, [4, 17, 2, 11, 30, 6, 9, 13, 21]):
+        batch = []
+        for n in lengths:
+            mask = np.ones((1, n), np.int64)
+            mask[0, 1:][rng.random(n - 1) < 0.3] = 0
+            batch.append({"ids": rng.integers(0, exports.VOCABULARY, (1, n)), "mask": mask})
+        got = session.run_batch(None, batch)
+        for k, feeds in enumerate(batch):
+            assert got[k][0].shape == (1, 3)
+            assert_same(got[k][0], alone.run(None, feeds)[0], rtol=1e-4, atol=1e-5, what=f"text {k}")
+        assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+
+
 @pytest.mark.parametrize("name", ["lstm", "cnn"])
 def test_the_benchmarks_padded_export_runs_a_padded_batch(tmp_path, name):
     """The other system of ``benchmarks.exported_models``: the model exported for a padded batch
