@@ -227,6 +227,8 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                 padded.add(a.outputs[0])
         elif step.kind == "sequences" and any(name in read for name in a.outputs[1:]):
             return refuse(f"{where}: its final states are read")
+        elif step.kind == "sequences" and None not in patterns[a.inputs[0]]:  # (its chunks run each instance's length)
+            return refuse(f"{where}: a recurrent layer over one row an instance")
         for name, pattern in step.fed.items():  # one feed a constant: read one way only
             positions = step.component if step.kind == GATHER else False
             if fed_as.setdefault(name, (step.kind == PADDED, pattern)) != (step.kind == PADDED, pattern) or \

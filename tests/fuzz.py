@@ -256,6 +256,16 @@ def mask_pick(p: Program) -> None:  # attention whose key mask is picked by posi
     p.add(p.node("MatMul", [weights, c.name]), a.rows, c.cols, sums=True)
 
 
+def pool(p: Program) -> None:  # a classifier's pooler: each instance's first (or last) row, then a dense layer
+    a = p.pick()
+    # [1, rows, cols], as an exporter's batch of one (a Reshape: ``ir.select_first`` would move the
+    # Gather before an Unsqueeze, leaving no axis of 1 before the rows)
+    lifted = p.node("Reshape", [a.name, p.constant(_ints(1, -1, a.cols))])
+    row = p.node("Gather", [lifted, p.constant(np.array(p.rng.choice((0, -1)), np.int64))], axis=1)  # [1, cols]
+    cols = p.rng.randint(1, 5)
+    p.add(p.node("Tanh", [p.node("MatMul", [row, p.weight(a.cols, cols)])]), (0, 1), cols, sums=True)
+
+
 def lookup(p: Program) -> None:
     ids = p.pick([v for v in p.values if not v.cols])
     p.add(p.node("Gather", [p.weight(VOCAB, WIDTH), ids.name], axis=0), ids.rows, WIDTH)
@@ -333,7 +343,8 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
 }
 # Steps added after seeds were recorded in tests: drawn only where asked for by kind, so that a
 # recorded seed still makes its program.
-LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select), "mask_pick": (1, mask_pick)}
+LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select), "mask_pick": (1, mask_pick),
+                                                                   "pool": (0.7, pool)}
 
 
 # The steps a model planned once per node takes (``batcher.instance_axis``): the programs of

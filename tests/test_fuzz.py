@@ -68,6 +68,25 @@ def test_random_programs_with_attention_masks_picked_by_positions():
         assert outcome.ops["GatherND"] and outcome.ops["Expand"], report(outcomes)
 
 
+def test_random_programs_with_pooled_rows():
+    """A classifier's pooler (each instance's first or last row, then a dense layer: one row an
+    instance) among the steps a node-level plan takes, its values read beside values of the
+    length too (refused there, planned per mix): batched equal to alone."""
+    outcomes = fuzz(range(7_000_000, 7_000_100), BACKENDS, kinds=(*NODE_LEVEL, "pool"))
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
+
+
+@pytest.mark.parametrize("seed", [920155, 920432, 920519])
+def test_programs_whose_pooled_rows_feed_a_recurrent_layer(seed: int) -> None:
+    """A pooled value (one row an instance) read by an LSTM as a sequence of one step: the
+    node-level plan ran its chunks over each instance's length and failed; refused now."""
+    outcomes = fuzz(range(seed, seed + 1), BACKENDS, kinds=(*NODE_LEVEL, "pool", "mask_pick"))
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+
+
 @pytest.mark.slow
 def test_three_thousand_random_node_level_programs_on_each_backend():
     _check(programs=3_000, seed=3_000_000, kinds=NODE_LEVEL)
