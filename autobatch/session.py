@@ -186,7 +186,7 @@ class InferenceSession:
             if self._whole_model_runs(feeds):
                 return run_session(self._single.session.run, names, feeds)
             # onnxruntime for all but the recurrent layer, as when batched
-            key = None if self._control_flow else (input_signature(feeds),)
+            key = None if self._control_flow else _plan_key(names, (input_signature(feeds),))
             return self._run_batched(names, [feeds], key, {}, time.perf_counter())[0]
         try:
             with work_limit(self.instances.max_unrolled_nodes):
@@ -239,9 +239,7 @@ class InferenceSession:
                 raise FeedError(f"instance {k}: {error}") from None
         signatures = None if self._control_flow else tuple(input_signature(feeds) for feeds in checked)
         fits = self.axis_batches.fits(checked, signatures) if self.axis_batches is not None else None  # type: ignore[arg-type]
-        # A flat plan computes these outputs of this mix: kept under both (one kept for other
-        # outputs would hand back its own, shifted).
-        key = None if signatures is None else (tuple(names), signatures)
+        key = None if signatures is None else _plan_key(names, signatures)
         kept = key is not None and key in self._flat_plans or fits is not None
         way = self._ways.choose(len(checked), kept) if self._ways is not None else BATCHED
         how = self._alone_ways.choose(len(checked), False) if way == ALONE and self._alone_ways else IN_TURN
@@ -395,6 +393,12 @@ class InferenceSession:
         if unknown:
             raise FeedError(f"unknown output(s) {unknown}; the model's outputs are {self.graph.outputs}")
         return names
+
+
+def _plan_key(names: Sequence[str], signatures: tuple) -> tuple:
+    """What a flat plan is kept under: the outputs it computes and its mix of input signatures
+    (one kept for other outputs would hand back its own, shifted)."""
+    return tuple(names), signatures
 
 
 def _records_planned(entry: _FlatPlan) -> int:

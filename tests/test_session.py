@@ -318,6 +318,25 @@ def test_a_mix_run_again_for_other_outputs_gives_those_outputs(backend, node_lev
                 np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
 
 
+def test_one_instance_run_again_for_other_outputs_gives_those_outputs():
+    """``run`` of an instance whose recurrent layer gets no steps goes the flat path on
+    onnxruntime (onnxruntime aborts there): its plan too is kept under its outputs, so asking
+    for another output gives that one (found by a review: it gave the first's)."""
+    from onnx import helper, numpy_helper
+
+    from tests.test_sequences import D, H, layer_model
+
+    model = layer_model("GRU", "forward", 2, np.random.default_rng(0))  # x [T, 1, D] -> Y, Y_h
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(k, np.float32), f"c{k}") for k in (1, 2)])
+    model.graph.node.extend([helper.make_node("Add", ["Y_h", f"c{k}"], [f"o{k}"]) for k in (1, 2)])
+    del model.graph.output[:]
+    model.graph.output.extend([helper.make_tensor_value_info(f"o{k}", onnx.TensorProto.FLOAT, [1, 1, H]) for k in (1, 2)])
+    session = autobatch.InferenceSession(model, backend="onnxruntime", alone_when_faster=False)
+    empty = {"x": np.zeros((0, 1, D), np.float32)}  # no steps: Y_h is 0
+    for names, value in ((["o1"], 1.0), (["o2"], 2.0), (["o2", "o1"], 2.0), (["o1"], 1.0)):
+        np.testing.assert_array_equal(session.run(names, empty)[0], np.full((1, 1, H), value, np.float32))
+
+
 def test_bad_instance_is_named(backend):
     session = autobatch.InferenceSession(MODEL, backend=backend)
     instances = feeds([2, 2])
