@@ -128,6 +128,9 @@ class AxisBatches:
         length = plan.length({name: np.shape(value) for name, value in feeds.items()})
         if isinstance(length, Refusal):
             return length
+        refusal = plan.takes(length)
+        if refusal is not None:
+            return refusal
         constants = None if self.lengths is None else self.lengths.constants(
             length, {name: np.asarray(value).dtype for name, value in feeds.items()})
         if constants is not None:

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
-from autobatch.batcher.instance_axis import GATHER, PADDED, PICK, InstanceAxisPlan, aligned, pattern_at
+from autobatch.batcher.instance_axis import GATHER, PADDED, PICK, POOLED, InstanceAxisPlan, aligned, pattern_at
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, chunk_members, chunks
 from autobatch.ir import Recent, from_onnx
@@ -36,6 +36,7 @@ AXIS_DEFAULTS = {"Gather": 0, "Split": 0, "Concat": 0, "Softmax": -1, "LogSoftma
 # Sessions a runner keeps, one per number of chunks (a batch of 64 has 8): each holds the weights.
 SESSIONS_KEPT = 8
 BACK = "padded/targets"  # where each row of a padded value is in its chunks' values, flattened and concatenated
+INSTANCES = "padded/instances"  # where each instance is among the chunks' members, in order
 
 
 def chunk_feeds(k: int) -> tuple[str, str, str]:
@@ -77,6 +78,8 @@ class _Lowering:
                 self.padded_node(record, step)
             elif step.kind == "sequences":
                 self.recurrent(record, self.rows(record.inputs[0]))
+            elif step.kind == POOLED:
+                self.pooled(record, step.reduced)
             elif step.kind == PICK:  # each instance's row at the position (``mix_feeds``), one row an instance
                 out = self.plan.patterns[record.outputs[0]]
                 axis = self.plan.axis(record.inputs[0])
@@ -122,6 +125,7 @@ class _Lowering:
                   for record, step in zip(plan.records, plan.steps) if step.kind == PICK]
         if plan.padded:
             infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
+            infos.append(helper.make_tensor_value_info(INSTANCES, TensorProto.INT64, [None]))
             for k in range(self.chunk_count):
                 source, valid, size, longest = padded_feeds(k)
                 infos += [helper.make_tensor_value_info(source, TensorProto.INT64, [None, None]),
@@ -254,6 +258,44 @@ class _Lowering:
             return {z if z < axis else z + moved for z in source}
         return set()
 
+    def pooled(self, record: Any, axis: int) -> None:
+        """A reduction over the length (``POOLED``), a chunk at a time over its padded values (a
+        mean: their sum over each instance's own count), the chunks' rows put back in the
+        instances' order: one row an instance."""
+        out, pattern = record.outputs[0], self.plan.patterns[record.inputs[0]]
+        dtype = _dtype_of(self.plan, record.inputs[0])
+        op = "ReduceSum" if record.op_type == "ReduceMean" else record.op_type
+        fill = {"ReduceMax": -np.inf, "ReduceMin": np.inf}.get(record.op_type)
+        shape = self.constant(f"{out}/shape", np.array([-1, *self.plan.patterns[out][1:]], np.int64))
+        parts = []
+        for k in range(self.chunk_count):
+            value = self.padded_value(record.inputs[0], k)
+            if fill is not None:  # (a padded position of a sum is 0 already: from the zero row, or zeroed)
+                value = self.node("Where", [self.valid(k, len(pattern) + 1, axis + 1), value,
+                                            self.constant(f"{out}/fill", np.array(fill, dtype))], f"{out}/filled/chunk{k}")
+            elif axis not in self._zeros_of(record.inputs[0]):
+                value = self.node("Where", [self.valid(k, len(pattern) + 1, axis + 1), value,
+                                            self.constant(f"{out}/zero", np.zeros((), dtype))], f"{out}/zeroed/chunk{k}")
+            reduced = self.reduce(op, value, axis + 1, f"{out}/reduced/chunk{k}", keepdims=1)
+            if record.op_type == "ReduceMean":  # over each instance's own count of positions
+                valid = self.node("Cast", [padded_feeds(k)[1]], f"{out}/valid/chunk{k}", to=onnx.TensorProto.INT64)
+                counts = self.node("Cast", [self.reduce("ReduceSum", valid, 1, f"{out}/count64/chunk{k}", keepdims=0)],
+                                   f"{out}/count/chunk{k}", to=helper.np_dtype_to_tensor_dtype(dtype))
+                wide = self.constant(f"{out}/wide", np.array([-1, *[1] * len(pattern)], np.int64))
+                reduced = self.node("Div", [reduced, self.node("Reshape", [counts, wide], f"{out}/counts/chunk{k}")],
+                                    f"{out}/mean/chunk{k}")
+            parts.append(self.node("Reshape", [reduced, shape], f"{out}/rows/chunk{k}"))
+        stacked = self.node("Concat", parts, f"{out}/chunks", axis=0) if len(parts) > 1 else parts[0]
+        self.node("Gather", [stacked, INSTANCES], out, axis=0)
+
+    def reduce(self, op: str, value: str, axis: int, output: str, keepdims: int) -> str:
+        """``op`` over one ``axis``: given as an input where the opset says so (ReduceSum from 13,
+        the others from 18), else as an attribute."""
+        if self.plan.opset >= (13 if op == "ReduceSum" else 18):
+            return self.node(op, [value, self.constant(f"{output}/axes", np.array([axis], np.int64))], output,
+                             keepdims=keepdims)
+        return self.node(op, [value], output, keepdims=keepdims, axes=[axis])
+
     def recurrent(self, record: Any, x: str) -> None:
         """A recurrent layer over ``X [rows, 1, d]`` as chunk calls whose ``Y [T, dirs, size, h]``
         are put back as ``[rows, dirs, 1, h]`` (initial states that are shared zeros are left out:
@@ -365,6 +407,7 @@ def _padded_chunks(members: Sequence[np.ndarray], lengths: np.ndarray) -> dict[s
         back[rows[real]] = offset + np.flatnonzero(real)
         offset += count * most
     feeds[BACK] = back
+    feeds[INSTANCES] = np.argsort(np.concatenate(members)) if members else np.zeros(0, np.int64)
     return feeds
 
 
@@ -399,7 +442,7 @@ class InstanceAxisRunner:
         self.made = 0  # sessions made so far
         self._launches: tuple[Counter[str], Counter[str]] = (Counter(), Counter())  # by op: once, once a chunk
         for record, step in zip(plan.records, plan.steps):
-            self._launches[step.kind in ("sequences", PADDED)][record.op_type] += 1
+            self._launches[step.kind in ("sequences", PADDED, POOLED)][record.op_type] += 1
 
     def run(self, names: Sequence[str], feeds_list: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int],
             constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[list[np.ndarray]], int]:

@@ -18,7 +18,11 @@ serves every mix. A node runs in one of two layouts:
   table by each row's own indices (``ELEMENTS``). One position of each instance picked along the
   length (a classifier's first token: ``PICK``) is a value of **one row an instance** (``[1, d]``
   each, ``[n, d]`` for the mix): the row-wise ops after it (the pooler, the head) run over those
-  rows, and such a value is never padded nor read beside a value of the length.
+  rows, and such a value is never padded nor read beside a value of the length; so is a sum,
+  mean, max or min over the length (mean pooling: ``POOLED``), computed in padded chunks (padded
+  positions 0, a mean over each instance's own count; -inf or +inf for a max or min). An
+  instance shorter than a picked position, or empty under a reduction, sends its batch to the
+  flat planner (``InstanceAxisPlan.takes``).
 - **padded**: where it is not (attention: a product of two per-instance values, ``[1, H, L, L]``),
   over the instances sorted by length and cut into chunks of 8, each padded to its longest:
   ``[8, 1, H, Lmax, Lmax]``, the model's node itself on a new leading batch axis (its axis
@@ -58,6 +62,8 @@ ROWS_KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free si
 GATHER = "gather"  # a rows step: a Gather(ND) along the length by indices of each length's own (a mask's positions)
 ELEMENTS = "elements"  # a rows step: a GatherElements from a shared table by each row's own indices
 PICK = "pick"  # a rows step: one position of each instance (a pooler's first token): a value of one row an instance
+POOLED = "pooled"  # a reduction over the length (mean pooling): run padded, a value of one row an instance
+POOLING = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
 PADDED_ELEMENTWISE = frozenset({*ELEMENTWISE, "IsNaN", "IsInf"})
 PADDED = "padded"
 Pattern = tuple  # a per-instance value's shape, None at each axis of the instance's length
@@ -82,6 +88,7 @@ class Step:
     component: int | None = None  # a GatherND's (``GATHER``): the entry of its index tuples that is a position
     axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
     position: int | None = None  # a ``PICK``'s position along the length (negative: from the end)
+    reduced: int | None = None  # a ``POOLED``'s axis: the length's
 
     @property
     def reads_constants(self) -> bool:
@@ -110,7 +117,7 @@ class InstanceAxisPlan:
 
     @functools.cached_property
     def padded(self) -> bool:
-        return any(step.kind == PADDED for step in self.steps)
+        return any(step.kind in (PADDED, POOLED) for step in self.steps)
 
     @functools.cached_property
     def recurrent(self) -> bool:
@@ -144,7 +151,7 @@ class InstanceAxisPlan:
             if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
                 return refuse(f"{where} reads a constant of another shape")
-            if step.kind in (GATHER, ELEMENTS, PICK):  # (its indices' shape checked above, their values when fed)
+            if step.kind in (GATHER, ELEMENTS, PICK, POOLED):  # (its indices' shape checked above, their values when fed)
                 continue
             if step.kind == PADDED:
                 values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
@@ -157,6 +164,16 @@ class InstanceAxisPlan:
                     _with_fed(record, instance.weights, step.fed), instance.weights, self.opset,
                     attributes_key(record.attributes)):
                 return refuse(f"{where} signs otherwise at this length")
+        return None
+
+    def takes(self, length: int) -> Refusal | None:
+        """Why an instance of this length is not computed by this plan (a position picked past
+        it, a reduction over none of it: run alone it fails, or its backend decides), or None."""
+        for record, step in zip(self.records, self.steps):
+            if step.kind == PICK and not -length <= step.position < length:  # type: ignore[operator]
+                return refuse(f"{record.op_type} {record.outputs[0]!r} picks position {step.position} of {length}")
+            if step.kind == POOLED and not length:
+                return refuse(f"{record.op_type} {record.outputs[0]!r} reduces over no positions")
         return None
 
     def length(self, shapes: Mapping[str, Sequence[int] | None]) -> int | Refusal:
@@ -211,9 +228,9 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                     return refuse(f"{where}: its output {name!r} is not of the instance's length")
                 patterns[name] = pattern
         step = _gather_step(a, fed, patterns) or _elements_step(a, first.weights, fed, patterns) or \
-            _pick_step(a, first.weights, fed, patterns) or _rows_step(a, b, first, second, opset, fed,
-                                                                     _row_axis(a, patterns))
-        if not isinstance(step, Refusal) and step.kind not in (PICK, "sequences") and _mixes_rows(a, patterns):
+            _pick_step(a, first.weights, fed, patterns) or _pooled_step(a, first.weights, fed, patterns) or \
+            _rows_step(a, b, first, second, opset, fed, _row_axis(a, patterns))
+        if not isinstance(step, Refusal) and step.kind not in (PICK, POOLED, "sequences") and _mixes_rows(a, patterns):
             step = refuse("it reads values of the length and values of one row an instance")
         if isinstance(step, Refusal):
             step = _padded_step(a, first.weights, fed, patterns, opset)
@@ -302,6 +319,28 @@ def _pick_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str,
     if data is None or _rows_axis(data) != axis or out != data[:axis] + data[axis + 1:] or out[:1] != (1,):
         return None
     return Step(PICK, position=int(weights[record.inputs[1]]))
+
+
+def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
+                 patterns: dict[str, Pattern]) -> Step | None:
+    """A sum, mean, max or min over the length of a value in rows (its only length axis): each
+    instance's, a value of one row an instance, computed in padded chunks (padded positions 0
+    for a sum or mean, whose count is each instance's own; -inf or +inf for a max or min).
+    None for any other record."""
+    if record.op_type not in POOLING or record.domain or not isinstance(record.entries[0], ValueType):
+        return None
+    data, out = patterns.get(record.inputs[0]), patterns.get(record.outputs[0])
+    axes = record_attribute(record, "axes", None)
+    if axes is None and len(record.inputs) > 1 and record.inputs[1]:
+        if record.inputs[1] not in weights or record.inputs[1] in fed:
+            return None
+        axes = weights[record.inputs[1]].tolist()
+    if data is None or out is None or axes is None or _rows_axis(data) is None or out[:1] != (1,) or None in out:
+        return None
+    axis = data.index(None)
+    if sorted(a % len(data) for a in np.atleast_1d(axes)) != [axis]:
+        return None
+    return Step(POOLED, reduced=axis)
 
 
 def _row_axis(record: Record, patterns: dict[str, Pattern]) -> int | None:

@@ -407,13 +407,13 @@ def test_a_pooled_token_and_its_head_run_one_row_an_instance(backend, position):
     """A classifier's pooler: one position of each instance (the first token, the last, the
     third) picked along the length, then a dense layer and a head over one row an instance
     (``[1, d]`` each, ``[n, d]`` for the mix), beside an output of the length."""
-    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
-        g (float[1, L, 4] x) => (float[1, 3] logits, float[1, L, 4] h) {{
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, 3] logits, float[1, L, 4] h) {
         h = Tanh(x)
         pooled = Gather<axis = 1>(h, at)
         dense = Gemm<transB = 1>(pooled, w, b)
         act = Tanh(dense)
-        logits = MatMul(act, head) }}""", at=np.array(position, np.int64),
+        logits = MatMul(act, head) }""", at=np.array(position, np.int64),
                    w=np.random.default_rng(4).standard_normal((4, 4)).astype(np.float32), b=np.ones(4, np.float32),
                    head=np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32))
     rng = np.random.default_rng(26)
@@ -424,6 +424,51 @@ def test_a_pooled_token_and_its_head_run_one_row_an_instance(backend, position):
         report = session.stats.report
         assert report.scheduler == "instance axis", session.axis_batches.refusal
     assert report.launches_by_op == {"Tanh": 2, "Gather": 1, "Gemm": 1, "MatMul": 1}
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"])
+def test_a_reduction_over_the_length_runs_padded_into_one_row_an_instance(backend, op, opset):
+    """Mean (or sum, max, min) pooling over each instance's tokens: padded chunks with their
+    padded positions 0 (a mean over each instance's own count) or -inf and +inf, put back in
+    the instances' order as one row an instance, then a head over those rows. A batch with an
+    empty instance (a reduction over nothing: backends differ) is planned per mix, and the
+    node-level plan stays for the next."""
+    pooled = f"pooled = {op}<keepdims = 1>(h, one)" if opset == 18 or op == "ReduceSum" else \
+        f"pooled = {op}<keepdims = 1, axes = [1]>(h)"
+    model = _model(f"""<ir_version: 8, opset_import: ["" : {opset}]>
+        g (float[1, L, 4] x, float[1, L, 1] m) => (float[1, 1, 3] y, float[1, L, 4] h) {{
+        t = Tanh(x)
+        h = Mul(t, m)
+        {pooled}
+        y = MatMul(pooled, head) }}""", **_I, head=np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32))
+    rng = np.random.default_rng(28)
+    texts = lambda lengths: [{"x": rng.standard_normal((1, n, 4)).astype(np.float32),  # noqa: E731
+                              "m": (rng.random((1, n, 1)) < 0.7).astype(np.float32)} for n in lengths]
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths, scheduler in (([3, 7, 5], "instance axis"), ([9, 4, 11, 1, 6, 13, 8, 10, 3, 2], "instance axis"),
+                               ([4, 0, 6], "level"), ([5, 2, 8], "instance axis")):
+        assert_batched_equals_alone(session, texts(lengths))
+        assert session.stats.report.scheduler == scheduler, (lengths, session.axis_batches.refusal)
+        if scheduler == "instance axis":
+            assert session.stats.report.launches_by_op[op] == math.ceil(len(lengths) / 8)
+
+
+def test_a_batch_with_an_instance_too_short_for_a_picked_position_is_planned_per_mix(backend):
+    """The third token of an instance of two: alone it fails, and so does the batch, run again
+    instance by instance; the node-level plan stays for the next batch."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, 4] y) {
+        y = Gather<axis = 1>(x, at) }""", at=np.array(2, np.int64))
+    rng = np.random.default_rng(29)
+    texts = lambda lengths: [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]  # noqa: E731
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, texts([3, 7, 5]))
+    assert session.axis_batches.runner.plan.takes(2) is not None and session.axis_batches.runner.plan.takes(3) is None
+    with pytest.raises(Exception):  # noqa: B017 - the instance's own error, whichever its backend raises
+        session.run_batch(None, texts([4, 2, 6]))
+    assert_batched_equals_alone(session, texts([5, 3, 9]))
+    assert session.stats.report.scheduler == "instance axis" and session.axis_batches.refusal is None
 
 
 def test_a_value_of_the_length_beside_one_of_one_row_an_instance_is_refused(backend):
@@ -457,13 +502,12 @@ def test_positions_past_an_instances_length_are_an_error_not_another_instances_r
 def test_a_node_no_rule_takes_is_named_and_its_model_planned_per_mix(backend):
     model = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
     g (float[1, L, {D}] x) => (float[1, 1, {D}] y) {{
-        axes = Constant<value = int64[1] {{1}}>()
-        y = ReduceSum(x, axes) }}""")
+        y = ReduceL2<axes = [1]>(x) }}""")
     session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
     rng = np.random.default_rng(10)
     batch = [{"x": rng.standard_normal((1, n, D)).astype(np.float32)} for n in (3, 5, 2)]
     assert_batched_equals_alone(session, batch)
-    assert session.axis_batches.refusal == "ReduceSum 'y': not row-wise, and no padded rule"
+    assert session.axis_batches.refusal == "ReduceL2 'y': not row-wise, and no padded rule"
     assert session.stats.report.scheduler != "instance axis"
 
 

@@ -78,6 +78,15 @@ def test_random_programs_with_pooled_rows():
         assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
 
 
+def test_random_programs_with_reductions_over_the_length():
+    """Sums, means, maxima and minima over each instance's rows (one row an instance, run
+    padded by a node-level plan) among the steps it takes: batched equal to alone."""
+    outcomes = fuzz(range(8_000_000, 8_000_100), BACKENDS, kinds=(*NODE_LEVEL, "reduce", "pool"))
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
+
+
 @pytest.mark.parametrize("seed", [920155, 920432, 920519])
 def test_programs_whose_pooled_rows_feed_a_recurrent_layer(seed: int) -> None:
     """A pooled value (one row an instance) read by an LSTM as a sequence of one step: the
