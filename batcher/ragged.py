@@ -89,12 +89,15 @@ ELEMENTWISE = (
     "LessOrEqual", "Greater", "GreaterOrEqual", "Where", "PRelu", "Mod", "Clip")
 
 
-@row_wise("per-instance operands of one shape, kept by the result, and shared ones that do not reach the rows' axis",
-          *ELEMENTWISE)
+@row_wise("per-instance operands of the result's rank and rows, each of its shape or 1 along every other axis "
+          "(a masked mean's sum by its count), and shared ones that do not reach the rows' axis", *ELEMENTWISE)
 def _elementwise(rows: Rows) -> bool:
     record, data, axis, rank = rows.record, rows.data, rows.axis, rows.rank
     out = record.types[0].shape if record.types and record.types[0] is not None else None
-    return (all(entry.shape == data[0][1].shape for _, entry in data) and out == data[0][1].shape
+    return (out is not None and len(out) == rank
+            and all(len(entry.shape) == rank and entry.shape[axis] == out[axis]
+                    and all(d in (1, o) for k, (d, o) in enumerate(zip(entry.shape, out)) if k != axis)
+                    for _, entry in data)
             and all(len(shape) <= rank and (axis < rank - len(shape) or shape[axis - rank + len(shape)] == 1)
                     for shape in rows.shared))
 

@@ -1,7 +1,8 @@
 """Models as PyTorch and Hugging Face export them, built from small configs with random weights
 (no downloads): an embedding and a bidirectional LSTM or GRU tagger, ``nn.TransformerEncoder``,
 BERT, RoBERTa, GPT-2, and a CNN over images of any size; BERT's, RoBERTa's and DistilBERT's
-sequence classifiers (``"bert-cls"``: logits of 3 labels, from the first token). ``export`` writes one for ONE instance
+sequence classifiers (``"bert-cls"``: logits of 3 labels, from the first token) and BERT's and
+RoBERTa's sentence embeddings (``"bert-mean"``: the mean of the real tokens' states). ``export`` writes one for ONE instance
 (``ids [1, length]``; the CNN's ``ids`` are an image ``[1, 3, height, width]``), as most users
 bring it; ``mask=True`` with the attention mask as an input too (``mask [1, length]``, as a
 tokenizer gives it and Hugging Face's own exports take it); ``padded=True`` writes it for a
@@ -19,7 +20,8 @@ import torch
 from benchmarks.export_files import DYNAMO_ONLY, MASKED, MODELS, VOCABULARY
 
 CLASSIFIER = "-cls"  # a model's sequence classifier: "bert-cls", "roberta-cls", "distilbert-cls"
-__all__ = ["CLASSIFIER", "DYNAMO_ONLY", "MASKED", "MODELS", "VOCABULARY", "build", "export"]
+MEAN = "-mean"  # a model's sentence embedding, the mean of its real tokens' states: "bert-mean"
+__all__ = ["CLASSIFIER", "DYNAMO_ONLY", "MASKED", "MEAN", "MODELS", "VOCABULARY", "build", "export"]
 
 
 class Tagger(torch.nn.Module):
@@ -76,6 +78,15 @@ class Logits(LastHidden):
         return self.model(input_ids=ids, attention_mask=mask).logits
 
 
+class MeanPooled(LastHidden):
+    """A sentence embedding: the mean of the real tokens' last states (sentence-transformers')."""
+
+    def forward(self, ids, mask=None):
+        states = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        weights = (torch.ones_like(ids) if mask is None else mask).unsqueeze(-1).to(states.dtype)
+        return (states * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
 def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
     """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for bert, roberta, gpt2)."""
     torch.manual_seed(seed)
@@ -88,7 +99,8 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
     import transformers
 
     classifier = name.endswith(CLASSIFIER)  # "bert-cls": its sequence classifier, 3 labels
-    name = name.removesuffix(CLASSIFIER)
+    pooled = name.endswith(MEAN)  # "bert-mean": its sentence embedding
+    name = name.removesuffix(CLASSIFIER).removesuffix(MEAN)
     if name in ("bert", "roberta"):  # (RoBERTa: position ids counted from the non-padding tokens, CumSum)
         kind, model = (transformers.BertConfig, transformers.BertModel) if name == "bert" else \
             (transformers.RobertaConfig, transformers.RobertaModel)
@@ -97,7 +109,7 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
                 transformers.RobertaForSequenceClassification
         config = kind(vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers, num_attention_heads=4,
                       intermediate_size=2 * size, max_position_embeddings=128, num_labels=3)
-        return (Logits if classifier else LastHidden)(model(config)).eval()
+        return (Logits if classifier else MeanPooled if pooled else LastHidden)(model(config)).eval()
     if name == "distilbert" and classifier:
         config = transformers.DistilBertConfig(vocab_size=VOCABULARY, dim=size, n_layers=layers, n_heads=4,
                                                hidden_dim=2 * size, max_position_embeddings=128, num_labels=3)

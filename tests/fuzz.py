@@ -266,6 +266,14 @@ def pool(p: Program) -> None:  # a classifier's pooler: each instance's first (o
     p.add(p.node("Tanh", [p.node("MatMul", [row, p.weight(a.cols, cols)])]), (0, 1), cols, sums=True)
 
 
+def column(p: Program) -> None:  # each row by one column of its own: [rows, cols] op [rows, 1] (a masked mean's Div)
+    a = p.pick()
+    first = p.node("Gather", [a.name, p.constant(_ints(p.rng.randrange(a.cols)))], axis=1)  # [rows, 1]
+    b = p.pick([v for v in p.floats() if v.rows == a.rows])
+    operands = [b.name, first] if p.rng.random() < 0.5 else [first, b.name]
+    p.add(p.node(p.rng.choice(BINARY), operands), b.rows, b.cols, a, b)
+
+
 def lookup(p: Program) -> None:
     ids = p.pick([v for v in p.values if not v.cols])
     p.add(p.node("Gather", [p.weight(VOCAB, WIDTH), ids.name], axis=0), ids.rows, WIDTH)
@@ -344,7 +352,7 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
 # Steps added after seeds were recorded in tests: drawn only where asked for by kind, so that a
 # recorded seed still makes its program.
 LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select), "mask_pick": (1, mask_pick),
-                                                                   "pool": (0.7, pool)}
+                                                                   "pool": (0.7, pool), "column": (1, column)}
 
 
 # The steps a model planned once per node takes (``batcher.instance_axis``): the programs of

@@ -213,10 +213,12 @@ def test_an_export_that_takes_its_attention_mask_runs_every_mix_as_one_graph(tmp
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("dynamo", [False, True])
-@pytest.mark.parametrize("name", ["bert-cls", "roberta-cls", "distilbert-cls"])
+@pytest.mark.parametrize("name", ["bert-cls", "roberta-cls", "distilbert-cls", "bert-mean", "roberta-mean"])
 def test_an_exported_sequence_classifier_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
     """A classifier's logits ``[1, 3]`` come from its first token: picked from every text's rows
-    at each text's own first row, then the pooler and the head over one row a text."""
+    at each text's own first row, then the pooler and the head over one row a text. A sentence
+    embedding ``[1, d]``, the mean of the real tokens' states, sums each text's masked states
+    over its length (padded chunks) and divides by its count of real tokens (one row a text)."""
     pytest.importorskip("transformers")
     assert_masked_mixes_run_as_one_graph(
         exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)

@@ -8,7 +8,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from autobatch import InferenceSession
-from tests.fuzz import NODE_LEVEL, fuzz, instances, random_program, report
+from tests.fuzz import NODE_LEVEL, STEPS, fuzz, instances, random_program, report
 
 BACKENDS = ["numpy", "onnxruntime"]
 
@@ -85,6 +85,16 @@ def test_random_programs_with_reductions_over_the_length():
     for outcome in outcomes.values():
         assert not outcome.mismatches and not outcome.errors, report(outcomes)
         assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
+
+
+def test_random_programs_with_rows_by_a_column_of_their_own():
+    """Each row by one column of its own (``[rows, cols]`` op ``[rows, 1]``, a masked mean's sum
+    by its count), among every step and among the steps a node-level plan takes."""
+    for kinds in ((*STEPS, "column"), (*NODE_LEVEL, "column", "reduce")):
+        outcomes = fuzz(range(9_000_000, 9_000_080), BACKENDS, kinds=kinds)
+        for outcome in outcomes.values():
+            assert not outcome.mismatches and not outcome.errors, report(outcomes)
+            assert outcome.ops["Gather"], report(outcomes)
 
 
 @pytest.mark.parametrize("seed", [920155, 920432, 920519])
