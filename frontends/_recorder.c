@@ -449,16 +449,22 @@ static PyObject *attrs_argument(PyObject *const *args, Py_ssize_t nargs, PyObjec
     return PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "attrs") == 0 ? args[nargs] : NULL;
 }
 
+/* What record_one and record_outputs begin with: their arguments checked (``usage`` in the
+   TypeError otherwise), the recorder ready, and the record's attributes (borrowed), or NULL. */
+static PyObject *record_attributes(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                                   const char *usage) {
+    PyObject *attrs = attrs_argument(args, nargs, kwnames);
+    if (attrs == NULL) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    return recorder_ready(self) ? attributes_or_none(attrs) : NULL;
+}
+
 /* Tracer.record_one(op_type, inputs, shape, dtype, attrs=None) */
 static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
-    PyObject *attrs = attrs_argument(args, nargs, kwnames);
-    if (attrs == NULL) {
-        PyErr_SetString(PyExc_TypeError, "record_one(op_type, inputs, shape, dtype, attrs=None)");
-        return NULL;
-    }
-    if (!recorder_ready(self)) return NULL;
-    PyObject *attributes = attributes_or_none(attrs);
+    PyObject *attributes = record_attributes(self, args, nargs, kwnames, "record_one(op_type, inputs, shape, dtype, attrs=None)");
     if (attributes == NULL) return NULL;
     return do_record_one(self, args[0], args[1], args[2], args[3], attributes);
 }
@@ -587,13 +593,8 @@ static PyObject *recorder_record_call(RecorderObject *self, PyObject *const *arg
    with any number of outputs; a list of them. */
 static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
                                          PyObject *kwnames) {
-    PyObject *attrs = attrs_argument(args, nargs, kwnames);
-    if (attrs == NULL) {
-        PyErr_SetString(PyExc_TypeError, "record_outputs(op_type, inputs, shapes, dtypes, attrs=None)");
-        return NULL;
-    }
-    if (!recorder_ready(self)) return NULL;
-    PyObject *attributes = attributes_or_none(attrs);
+    PyObject *attributes = record_attributes(self, args, nargs, kwnames,
+                                             "record_outputs(op_type, inputs, shapes, dtypes, attrs=None)");
     if (attributes == NULL) return NULL;
     PyObject *op_type = args[0], *names = NULL, *entries = NULL, *types = NULL, *seen = NULL, *key = NULL;
     PyObject *shapes = PySequence_Tuple(args[2]), *dtypes = shapes == NULL ? NULL : PySequence_Tuple(args[3]);
