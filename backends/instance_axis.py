@@ -121,8 +121,7 @@ class _Lowering:
                           for k in range(self.chunk_count)]
             else:
                 infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
-        infos += [helper.make_tensor_value_info(picked_rows(record), TensorProto.INT64, [None])
-                  for record, step in zip(plan.records, plan.steps) if step.kind == PICK]
+        infos += [helper.make_tensor_value_info(picked_rows(record), TensorProto.INT64, [None]) for record, _ in plan.picks]
         if plan.padded:
             infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
             infos.append(helper.make_tensor_value_info(INSTANCES, TensorProto.INT64, [None]))
@@ -265,17 +264,14 @@ class _Lowering:
         out, pattern = record.outputs[0], self.plan.patterns[record.inputs[0]]
         dtype = _dtype_of(self.plan, record.inputs[0])
         op = "ReduceSum" if record.op_type == "ReduceMean" else record.op_type
-        fill = {"ReduceMax": -np.inf, "ReduceMin": np.inf}.get(record.op_type)
+        fill = {"ReduceMax": -np.inf, "ReduceMin": np.inf}.get(record.op_type, 0)
         shape = self.constant(f"{out}/shape", np.array([-1, *self.plan.patterns[out][1:]], np.int64))
         parts = []
         for k in range(self.chunk_count):
             value = self.padded_value(record.inputs[0], k)
-            if fill is not None:  # (a padded position of a sum is 0 already: from the zero row, or zeroed)
+            if fill or axis not in self._zeros_of(record.inputs[0]):  # (a sum's padded positions may be 0 already)
                 value = self.node("Where", [self.valid(k, len(pattern) + 1, axis + 1), value,
                                             self.constant(f"{out}/fill", np.array(fill, dtype))], f"{out}/filled/chunk{k}")
-            elif axis not in self._zeros_of(record.inputs[0]):
-                value = self.node("Where", [self.valid(k, len(pattern) + 1, axis + 1), value,
-                                            self.constant(f"{out}/zero", np.zeros((), dtype))], f"{out}/zeroed/chunk{k}")
             reduced = self.reduce(op, value, axis + 1, f"{out}/reduced/chunk{k}", keepdims=1)
             if record.op_type == "ReduceMean":  # over each instance's own count of positions
                 valid = self.node("Cast", [padded_feeds(k)[1]], f"{out}/valid/chunk{k}", to=onnx.TensorProto.INT64)
@@ -347,12 +343,10 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
                 feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
         else:
             feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
-    for record, step in zip(plan.records, plan.steps):
-        if step.kind == PICK:  # each instance's row at the position, counted from its own end where negative
-            positions = np.full(len(lengths), step.position, np.int64)
-            if np.any(positions < -lengths) or np.any(positions >= lengths):
-                raise IndexError(f"position {step.position} of {record.outputs[0]!r} is past an instance's length")
-            feeds[picked_rows(record)] = starts + positions % lengths
+    for record, step in plan.picks:  # each instance's row at the position, counted from its own end where negative
+        if np.any(step.position < -lengths) or np.any(step.position >= lengths):  # (``takes`` sends such batches away)
+            raise IndexError(f"position {step.position} of {record.outputs[0]!r} is past an instance's length")
+        feeds[picked_rows(record)] = starts + step.position % lengths
     if plan.padded:
         feeds.update(_padded_chunks(members, lengths))
     if not plan.recurrent:

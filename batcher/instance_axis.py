@@ -123,6 +123,15 @@ class InstanceAxisPlan:
     def recurrent(self) -> bool:
         return any(step.kind == "sequences" for step in self.steps)
 
+    @functools.cached_property
+    def picks(self) -> list[tuple[Record, Step]]:
+        """The ``PICK`` steps and their records (a mix's feeds and its lengths' check read them)."""
+        return [(record, step) for record, step in zip(self.records, self.steps) if step.kind == PICK]
+
+    @functools.cached_property
+    def pooled(self) -> bool:
+        return any(step.kind == POOLED for step in self.steps)
+
     def axis(self, name: str) -> int:
         """The axis of a per-instance value's rows (of the model's inputs and outputs: the first
         axis of the instance's length, or the first of a value of one row an instance)."""
@@ -169,12 +178,10 @@ class InstanceAxisPlan:
     def takes(self, length: int) -> Refusal | None:
         """Why an instance of this length is not computed by this plan (a position picked past
         it, a reduction over none of it: run alone it fails, or its backend decides), or None."""
-        for record, step in zip(self.records, self.steps):
-            if step.kind == PICK and not -length <= step.position < length:  # type: ignore[operator]
+        for record, step in self.picks:
+            if not -length <= step.position < length:  # type: ignore[operator]
                 return refuse(f"{record.op_type} {record.outputs[0]!r} picks position {step.position} of {length}")
-            if step.kind == POOLED and not length:
-                return refuse(f"{record.op_type} {record.outputs[0]!r} reduces over no positions")
-        return None
+        return refuse("a reduction over the length reduces over no positions") if self.pooled and not length else None
 
     def length(self, shapes: Mapping[str, Sequence[int] | None]) -> int | Refusal:
         """The length of an instance whose inputs have these ``shapes``: the same along each
@@ -343,18 +350,22 @@ def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
     return Step(POOLED, reduced=axis)
 
 
+def _of_length(record: Record, patterns: dict[str, Pattern]) -> set[bool]:
+    """Per per-instance value the record reads or makes, whether it has the length (else it is
+    of one row an instance): the kinds among them."""
+    return {None in patterns[name] for name in (*record.inputs, *record.outputs) if name in patterns}
+
+
 def _row_axis(record: Record, patterns: dict[str, Pattern]) -> int | None:
     """0 for a record of values of one row an instance (their rows are their first axis, of 1),
     else None (``rows_of`` finds them)."""
-    values = [patterns[name] for name in (*record.inputs, *record.outputs) if name in patterns]
-    return 0 if values and all(None not in pattern for pattern in values) else None
+    return 0 if _of_length(record, patterns) == {False} else None
 
 
 def _mixes_rows(record: Record, patterns: dict[str, Pattern]) -> bool:
     """Whether a record reads or makes both values of the length and values of one row an
     instance (whose rows would not line up: ``[1, N, d]`` against ``[n, d]``)."""
-    values = [patterns[name] for name in (*record.inputs, *record.outputs) if name in patterns]
-    return len({None in pattern for pattern in values}) > 1
+    return len(_of_length(record, patterns)) > 1
 
 
 def _rows_step(a: Record, b: Record, first: InstanceRecords, second: InstanceRecords, opset: int,
