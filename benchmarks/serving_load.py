@@ -7,7 +7,9 @@ The model (``--model pooled``) is one instance of a pooled encoder: ``x: float[N
 length, differs per request, so concurrent requests have different graphs) -> MatMul, Tanh ->
 mean over N -> a 512-2048-512 MLP -> scores. ``--model lstm`` (or ``bert``, any of
 ``benchmarks.exports``) serves that model as PyTorch or Hugging Face export it for one text
-(``ids: int64[1, N]``, N lognormal, median 17, 5..60; width ``--size``). The server runs in its
+(``ids: int64[1, N]``, N lognormal, median 17, 5..60; width ``--size``); ``bert-mask`` (any
+``-mask``) as exported with its attention mask, so that a request sends ``ids`` and ``mask``, as
+a tokenizer gives them. The server runs in its
 own process; the clients are threads here, each on a keep-alive connection, sending Triton's
 binary tensors. Every response is checked against ``InferenceSession.run`` of that instance
 alone: none may be lost or differ. ``--warm-every-length`` sends one request of each length and six
@@ -70,21 +72,24 @@ class Served:
     """The model a server loads: its name (the file's), its input and output names."""
 
     name: str
-    input: str
+    inputs: tuple[str, ...]
     output: str
 
 
-POOLED = Served("pooled", "x", "scores")
+POOLED = Served("pooled", ("x",), "scores")
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 
-def binary_request(x: np.ndarray, served: Served = POOLED) -> tuple[bytes, dict[str, str]]:
-    """A v2 request with the input and the output as raw bytes (Triton's binary extension)."""
-    raw = x.tobytes()
-    header = json.dumps({"inputs": [{"name": served.input, "shape": list(x.shape), "datatype": DATATYPES[x.dtype],
-                                     "parameters": {"binary_data_size": len(raw)}}],
+def binary_request(feeds: dict[str, np.ndarray], served: Served = POOLED) -> tuple[bytes, dict[str, str]]:
+    """A v2 request with the inputs and the output as raw bytes (Triton's binary extension: the
+    inputs' bytes one after the other, in the header's order)."""
+    raws = [feeds[name].tobytes() for name in served.inputs]
+    header = json.dumps({"inputs": [{"name": name, "shape": list(feeds[name].shape),
+                                     "datatype": DATATYPES[feeds[name].dtype],
+                                     "parameters": {"binary_data_size": len(raw)}}
+                                    for name, raw in zip(served.inputs, raws)],
                          "outputs": [{"name": served.output, "parameters": {"binary_data": True}}]}).encode()
-    return header + raw, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+    return header + b"".join(raws), {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
 
 
 def read_scores(body: bytes, header_length: int) -> np.ndarray:
@@ -102,7 +107,7 @@ class Result:
     seconds: float = 0.0
 
 
-def drive(port: int, xs: list[np.ndarray], expected: list[np.ndarray], clients: int, time_limit: float,
+def drive(port: int, xs: list[dict[str, np.ndarray]], expected: list[np.ndarray], clients: int, time_limit: float,
           served: Served = POOLED) -> Result:
     """``clients`` threads send every request once (or until the time limit); every answer is checked."""
     result, lock, cursor = Result(), threading.Lock(), iter(range(len(xs)))
@@ -191,7 +196,8 @@ def run_server(model_path: str, flags: list[str], args: argparse.Namespace, xs, 
         warm = list(range(args.clients))
         if args.warm_every_length:  # a server's steady state: each length the run sends seen, and both
             # ways of running a batch measured (``autobatch.ways``: its first batches try each)
-            warm = list(range(min(len(xs), WARM_ROUNDS * args.clients))) + list({x.shape: k for k, x in enumerate(xs)}.values())
+            shapes = {tuple(value.shape for value in x.values()): k for k, x in enumerate(xs)}
+            warm = list(range(min(len(xs), WARM_ROUNDS * args.clients))) + list(shapes.values())
         drive(port, [xs[k] for k in warm], [expected[k] for k in warm], args.clients, args.time_limit, served)
         result = drive(port, xs, expected, args.clients, args.time_limit, served)
         text = get(port, "/metrics")[1]
@@ -237,20 +243,20 @@ def main(argv: list[str] | None = None) -> int:
             served = POOLED
             onnx.save(build_model(), path)
             lengths = rng.integers(1, args.max_length + 1, args.requests)
-            xs = [rng.standard_normal((int(n), D)).astype(np.float32) for n in lengths]
+            xs = [{"x": rng.standard_normal((int(n), D)).astype(np.float32)} for n in lengths]
         else:
-            from benchmarks import exports
-            from benchmarks.exported_models import lengths as lognormal
+            from benchmarks import export_files as exports
+            from benchmarks.exported_models import lengths as lognormal, texts
 
-            models = [name for name in exports.MODELS if not name.endswith(exports.MASKED)]  # (a request: its ids)
-            if args.model not in models:
-                parser.error(f"unknown model {args.model!r}: pooled, or one of {', '.join(models)}")
-            served = Served(args.model, "ids", "y")
-            exports.export(exports.build(args.model, args.size), Path(path), dynamo=args.model in exports.DYNAMO_ONLY)
+            if args.model not in exports.MODELS:
+                parser.error(f"unknown model {args.model!r}: pooled, or one of {', '.join(exports.MODELS)}")
+            path = str(exports.exported(args.model, args.size, Path(folder))[0])
+            masked = args.model.endswith(exports.MASKED)  # a request: its ids, and its attention mask
+            served = Served(Path(path).stem, ("ids", "mask") if masked else ("ids",), "y")
             lengths = np.array(lognormal(args.requests, rng))
-            xs = [rng.integers(0, exports.VOCABULARY, (1, int(n))) for n in lengths]
+            xs = texts(lengths.tolist(), rng, masked)
         session = InferenceSession(path)
-        expected = [session.run(None, {served.input: x})[0] for x in xs]
+        expected = [session.run(None, x)[0] for x in xs]
         print(f"{args.requests} requests to {args.model}, lengths {lengths.min()}..{lengths.max()} "
               f"({len(set(lengths.tolist()))} distinct), {args.clients} concurrent clients, backend {args.backend}, "
               f"max batch {args.max_batch_size}, wait {args.batch_wait_timeout_s * 1e3:g} ms, {args.instances} instance(s), "

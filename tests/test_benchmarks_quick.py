@@ -114,15 +114,20 @@ def test_exported_models_benchmark_reads_a_folder_of_exports_written_before(caps
     assert "unknown model 'resnet'" in capsys.readouterr().err
 
 
-def test_serving_load_serves_an_exported_model_with_nothing_lost_or_wrong(capsys) -> None:
+@pytest.mark.parametrize("model", ["lstm", "bert-mask"])
+def test_serving_load_serves_an_exported_model_with_nothing_lost_or_wrong(capsys, model) -> None:
     """A real ``autobatch serve`` on loopback, batching on and off, for the LSTM tagger as
-    PyTorch exports it: every answer checked against the instance run alone."""
+    PyTorch exports it and BERT exported with its attention mask (a request of two inputs, as a
+    tokenizer gives them): every answer checked against the instance run alone."""
     pytest.importorskip("torch")
+    if model.startswith("bert"):
+        pytest.importorskip("transformers")
     from benchmarks import serving_load
 
-    assert serving_load.main(["--model", "lstm", "--size", "8", "--requests", "12", "--clients", "4",
+    assert serving_load.main(["--model", model, "--size", "8", "--requests", "12", "--clients", "4",
                               "--backend", "onnxruntime", "--warm-every-length"]) == 0
     printed = capsys.readouterr().out
+    assert "12 requests to " + model in printed
     assert "batching on" in printed and "always batched" in printed and "batching off" in printed
 
 
