@@ -18,6 +18,7 @@ from autobatch.backends import FeedError, Interpreter
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
+from autobatch.backends.instance_axis import PositionOutOfRange
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxruntime, run_session
 from autobatch.backends.parallel_runs import ParallelRuns
@@ -267,6 +268,8 @@ class InferenceSession:
                 results, report = self.axis_batches.run(names, checked, fits)  # type: ignore[union-attr]
             except UnsupportedByOnnxruntime as error:
                 self.axis_batches.refuse(str(error))  # type: ignore[union-attr]
+            except PositionOutOfRange as error:  # this batch's own: planned per mix, where that instance fails alone
+                log.info("a batch of %s is planned per mix: %s", self.graph.name, error)
             except DeadlineExceeded:
                 raise
             except Exception as error:  # noqa: BLE001 - said at WARNING; this batch is planned per mix instead

@@ -24,7 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.backends.ort_runtime import OrtSettings, new_session, run_session
-from autobatch.batcher.instance_axis import GATHER, PADDED, PICK, POOLED, InstanceAxisPlan, aligned, pattern_at
+from autobatch.batcher.instance_axis import (CONCAT, GATHER, PADDED, PICK, PICKED, POOLED, InstanceAxisPlan, aligned,
+                                             pattern_at)
 from autobatch.batcher.ragged import record_attribute
 from autobatch.batcher.sequences import CHUNK, PEEPHOLE, SEQUENCE_LENS, chunk_members, chunks
 from autobatch.ir import Recent, from_onnx
@@ -37,6 +38,13 @@ AXIS_DEFAULTS = {"Gather": 0, "Split": 0, "Concat": 0, "Softmax": -1, "LogSoftma
 SESSIONS_KEPT = 8
 BACK = "padded/targets"  # where each row of a padded value is in its chunks' values, flattened and concatenated
 INSTANCES = "padded/instances"  # where each instance is among the chunks' members, in order
+STARTS, LENGTHS = "instance_axis/starts", "instance_axis/lengths"  # each instance's first row and its length
+POSITIONS_OK = "instance_axis/positions_ok"  # 1 where every position a ``PICKED`` step read was inside its instance
+
+
+class PositionOutOfRange(IndexError):
+    """A position the graph computed is past its instance's length: the batch is not run by the
+    node-level plan (run alone, that instance fails; the others do not)."""
 
 
 def chunk_feeds(k: int) -> tuple[str, str, str]:
@@ -61,6 +69,7 @@ class _Lowering:
         self.padded: set[str] = set()  # values made in the padded layout: a tensor a chunk, "{name}/chunk{k}"
         self.zeros: dict[str, set[int]] = {}  # a padded value's axes along which its padded positions are 0
         self.converted: dict[str, str] = {}  # (value, layout) -> its name in that layout
+        self.positions_ok: list[str] = []  # per ``PICKED`` step: whether each position read is its instance's
 
     def node(self, op: str, inputs: Sequence[str], output: str, **attributes: Any) -> str:
         self.nodes.append(helper.make_node(op, list(inputs), [output], **attributes))
@@ -87,6 +96,10 @@ class _Lowering:
                                  axis=axis)
                 self.node("Reshape", [rows, self.constant(f"{record.outputs[0]}/shape", np.array([-1, *out[1:]], np.int64))],
                           record.outputs[0])
+            elif step.kind == PICKED:
+                self.picked(record, step.component)
+            elif step.kind == CONCAT:
+                self.concat(record, step.reduced)
             elif step.kind == GATHER:  # its indices given offset to each instance's rows (``mix_feeds``)
                 self.nodes.append(helper.make_node(record.op_type, [self.rows(record.inputs[0]), record.inputs[1]],
                                                    record.outputs))
@@ -105,6 +118,11 @@ class _Lowering:
             info.name = name
             if self.rows(name) != name:
                 self.node("Identity", [self.rows(name)], name)
+        if self.positions_ok:
+            ok = [self.node("Cast", [valid], f"{valid}/int", to=TensorProto.INT64) for valid in self.positions_ok]
+            every = self.node("Concat", ok, f"{POSITIONS_OK}/each", axis=0) if len(ok) > 1 else ok[0]
+            self.reduce("ReduceMin", every, 0, POSITIONS_OK, keepdims=0)  # (of no positions: int64's max)
+            outputs.append(helper.make_tensor_value_info(POSITIONS_OK, TensorProto.INT64, []))
         graph = helper.make_graph(self.nodes, "instance_axis", self.inputs(), outputs,
                                   [numpy_helper.from_array(np.asarray(a), n) for n, a in self.initializers.items()])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.plan.opset)])
@@ -122,6 +140,8 @@ class _Lowering:
             else:
                 infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
         infos += [helper.make_tensor_value_info(picked_rows(record), TensorProto.INT64, [None]) for record, _ in plan.picks]
+        if plan.picked:
+            infos += [helper.make_tensor_value_info(name, TensorProto.INT64, [None]) for name in (STARTS, LENGTHS)]
         if plan.padded:
             infos.append(helper.make_tensor_value_info(BACK, TensorProto.INT64, [ROWS]))
             infos.append(helper.make_tensor_value_info(INSTANCES, TensorProto.INT64, [None]))
@@ -264,7 +284,7 @@ class _Lowering:
         out, pattern = record.outputs[0], self.plan.patterns[record.inputs[0]]
         dtype = _dtype_of(self.plan, record.inputs[0])
         op = "ReduceSum" if record.op_type == "ReduceMean" else record.op_type
-        fill = {"ReduceMax": -np.inf, "ReduceMin": np.inf}.get(record.op_type, 0)
+        fill = _fill(record.op_type, dtype)
         shape = self.constant(f"{out}/shape", np.array([-1, *self.plan.patterns[out][1:]], np.int64))
         parts = []
         for k in range(self.chunk_count):
@@ -272,7 +292,8 @@ class _Lowering:
             if fill or axis not in self._zeros_of(record.inputs[0]):  # (a sum's padded positions may be 0 already)
                 value = self.node("Where", [self.valid(k, len(pattern) + 1, axis + 1), value,
                                             self.constant(f"{out}/fill", np.array(fill, dtype))], f"{out}/filled/chunk{k}")
-            reduced = self.reduce(op, value, axis + 1, f"{out}/reduced/chunk{k}", keepdims=1)
+            reduced = self.node(op, [value], f"{out}/reduced/chunk{k}", axis=axis + 1, keepdims=1) \
+                if op in ("ArgMax", "ArgMin") else self.reduce(op, value, axis + 1, f"{out}/reduced/chunk{k}", keepdims=1)
             if record.op_type == "ReduceMean":  # over each instance's own count of positions
                 valid = self.node("Cast", [padded_feeds(k)[1]], f"{out}/valid/chunk{k}", to=onnx.TensorProto.INT64)
                 counts = self.node("Cast", [self.reduce("ReduceSum", valid, 1, f"{out}/count64/chunk{k}", keepdims=0)],
@@ -283,6 +304,58 @@ class _Lowering:
             parts.append(self.node("Reshape", [reduced, shape], f"{out}/rows/chunk{k}"))
         stacked = self.node("Concat", parts, f"{out}/chunks", axis=0) if len(parts) > 1 else parts[0]
         self.node("Gather", [stacked, INSTANCES], out, axis=0)
+
+    def concat(self, record: Any, axis: int) -> None:
+        """A Concat of values in rows and shared constants of one row, each constant expanded
+        to the rows of the first value (``CONCAT``)."""
+        out = record.outputs[0]
+        first = self.rows(next(name for name in record.inputs if name in self.plan.patterns))
+        shape = self.node("Shape", [first], f"{out}/rows_shape")
+        ends = [self.constant(f"{out}/{name}", np.array([value], np.int64))
+                for name, value in (("start", 0), ("axis", axis), ("after", axis + 1), ("end", np.iinfo(np.int64).max))]
+        before, after = (self.node("Slice", [shape, *ends[k:k + 2]], f"{out}/rows_shape{k}") for k in (0, 2))
+        inputs = []
+        for k, name in enumerate(record.inputs):
+            if name in self.plan.patterns:
+                inputs.append(self.rows(name))
+                continue
+            size = self.constant(f"{out}/size{k}", np.array([np.shape(self.plan.weights[name])[axis]], np.int64))
+            target = self.node("Concat", [before, size, after], f"{out}/shape{k}", axis=0)
+            inputs.append(self.node("Expand", [name, target], f"{out}/expanded{k}"))
+        self.node("Concat", inputs, out, axis=axis)
+
+    def picked(self, record: Any, component: int | None) -> None:
+        """Each instance's rows at positions of its own (``PICKED``): a position counted from the
+        instance's end where negative, offset to its first row; one past the instance (or a
+        GatherND's entry before the length, other than 0 or -1, on an axis of 1) reads row 0
+        instead and is told by ``POSITIONS_OK``, which the runner checks."""
+        out = record.outputs[0]
+        data, positions = record.inputs
+        rank = len(self.plan.patterns[positions]) - (component is not None)  # of the positions, a row an instance
+        entry = (lambda j: self.node("Gather", [positions, self.constant(f"{out}/entry{j}/index", np.array(j, np.int64))],
+                                     f"{out}/entry{j}", axis=-1))
+        position = self.node("Cast", [positions if component is None else entry(component)], f"{out}/position",
+                             to=TensorProto.INT64)
+        wide = self.constant(f"{out}/wide", np.array([-1, *[1] * (rank - 1)], np.int64))
+        length, start = (self.node("Reshape", [name, wide], f"{out}/{name}") for name in (LENGTHS, STARTS))
+        zero = self.constant(f"{out}/zero", np.array(0, np.int64))
+        negative = self.node("Less", [position, zero], f"{out}/negative")
+        inside = self.node("Where", [negative, self.node("Add", [position, length], f"{out}/from_end"), position],
+                           f"{out}/inside")
+        valid = self.node("And", [self.node("Not", [self.node("Less", [inside, zero], f"{out}/before")], f"{out}/after0"),
+                                  self.node("Less", [inside, length], f"{out}/within")], f"{out}/valid")
+        for j in range(component or 0):  # an axis of 1 before the length: 0 or -1 only
+            first = self.node("Cast", [entry(j)], f"{out}/entry{j}/64", to=TensorProto.INT64)
+            ones = self.node("Or", [self.node("Equal", [first, zero], f"{out}/entry{j}/0"),
+                                    self.node("Equal", [first, self.constant(f"{out}/-1", np.array(-1, np.int64))],
+                                              f"{out}/entry{j}/-1")], f"{out}/entry{j}/ok")
+            valid = self.node("And", [valid, ones], f"{out}/valid{j}")
+        rows = self.node("Where", [valid, self.node("Add", [inside, start], f"{out}/global"), zero], f"{out}/rows_read")
+        self.positions_ok.append(self.node("Reshape", [valid, self.constant(f"{out}/flat", np.array([-1], np.int64))],
+                                           f"{out}/valid_flat"))
+        gathered = self.node("Gather", [self.rows(data), rows], f"{out}/gathered", axis=self.plan.axis(data))
+        shape = self.constant(f"{out}/shape", np.array([-1, *self.plan.patterns[out][1:]], np.int64))
+        self.node("Reshape", [gathered, shape], out)
 
     def reduce(self, op: str, value: str, axis: int, output: str, keepdims: int) -> str:
         """``op`` over one ``axis``: given as an input where the opset says so (ReduceSum from 13,
@@ -343,6 +416,8 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
                 feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
         else:
             feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
+    if plan.picked:
+        feeds[STARTS], feeds[LENGTHS] = starts, lengths
     for record, step in plan.picks:  # each instance's row at the position, counted from its own end where negative
         if np.any(step.position < -lengths) or np.any(step.position >= lengths):  # (``takes`` sends such batches away)
             raise IndexError(f"position {step.position} of {record.outputs[0]!r} is past an instance's length")
@@ -442,7 +517,9 @@ class InstanceAxisRunner:
             constants: Sequence[Mapping[str, np.ndarray]]) -> tuple[list[list[np.ndarray]], int]:
         """Outputs ``names`` of every instance (``lengths``: its rows), and the chunks it ran in."""
         feeds, count = mix_feeds(self.plan, feeds_list, lengths, constants)
-        values = run_session(self._run(count), list(names), feeds)
+        values = run_session(self._run(count), [*names, *[POSITIONS_OK] * self.plan.picked], feeds)
+        if self.plan.picked and not values.pop():
+            raise PositionOutOfRange("a position the model computed is past its instance's length")
         cuts, ones = np.cumsum(lengths)[:-1], np.arange(1, len(lengths))
         split = [np.split(value, ones if self.plan.one_row(name) else cuts, axis=self.plan.axis(name))
                  for name, value in zip(names, values)]
@@ -465,6 +542,15 @@ class InstanceAxisRunner:
             else:
                 run = self.runs[count] = new_session(model, self.settings.options, self.settings.providers).run
         return run
+
+
+def _fill(op: str, dtype: np.dtype) -> Any:
+    """What a reduction over padded chunks sets their padded positions to: 0 (a sum, a mean),
+    the lowest value (a max, an ArgMax) or the highest (a min, an ArgMin)."""
+    if op not in ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin"):
+        return 0
+    highest = np.inf if dtype.kind == "f" else np.iinfo(dtype).max
+    return highest if op in ("ReduceMin", "ArgMin") else -highest if dtype.kind == "f" else np.iinfo(dtype).min
 
 
 def _info(name: str, pattern: tuple, size: str | None, elem_type: int) -> onnx.ValueInfoProto:

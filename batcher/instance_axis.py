@@ -22,7 +22,12 @@ serves every mix. A node runs in one of two layouts:
   mean, max or min over the length (mean pooling: ``POOLED``), computed in padded chunks (padded
   positions 0, a mean over each instance's own count; -inf or +inf for a max or min). An
   instance shorter than a picked position, or empty under a reduction, sends its batch to the
-  flat planner (``InstanceAxisPlan.takes``).
+  flat planner (``InstanceAxisPlan.takes``). An ArgMax or ArgMin over the length is such a
+  reduction (padded positions the lowest or highest value, after every real one: never picked);
+  a Gather (or GatherND) along the length by positions that are values of one row an instance
+  (``PICKED``: GPT-2's classifier reads its last real token so) reads each instance's row at its
+  own position, counted from its own end where negative; a position past an instance's length
+  sends the batch to the flat planner, where that instance fails alone.
 - **padded**: where it is not (attention: a product of two per-instance values, ``[1, H, L, L]``),
   over the instances sorted by length and cut into chunks of 8, each padded to its longest:
   ``[8, 1, H, Lmax, Lmax]``, the model's node itself on a new leading batch axis (its axis
@@ -62,8 +67,12 @@ ROWS_KINDS = frozenset({"ragged", "reshape", "sequences"})  # the length-free si
 GATHER = "gather"  # a rows step: a Gather(ND) along the length by indices of each length's own (a mask's positions)
 ELEMENTS = "elements"  # a rows step: a GatherElements from a shared table by each row's own indices
 PICK = "pick"  # a rows step: one position of each instance (a pooler's first token): a value of one row an instance
-POOLED = "pooled"  # a reduction over the length (mean pooling): run padded, a value of one row an instance
-POOLING = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
+POOLED = "pooled"  # a reduction over the length (mean pooling, an ArgMax): run padded, a value of one row an instance
+POOLING = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ArgMax", "ArgMin"})
+# a rows step: each instance's row at a position of its own computed by the graph (GPT-2's
+# classifier: its last real token, found by an ArgMax): a value of one row an instance
+PICKED = "picked"
+CONCAT = "concat"  # a rows step: a Concat of values in rows and shared constants of one row (broadcast to every row)
 PADDED_ELEMENTWISE = frozenset({*ELEMENTWISE, "IsNaN", "IsInf"})
 PADDED = "padded"
 Pattern = tuple  # a per-instance value's shape, None at each axis of the instance's length
@@ -85,10 +94,10 @@ class Step:
     key_mask: int | None = None
     target: tuple[int, ...] | None = None
     broadcast: Pattern | None = None  # an Expand's: its output's pattern (the chunk's longest at each None)
-    component: int | None = None  # a GatherND's (``GATHER``): the entry of its index tuples that is a position
+    component: int | None = None  # a GatherND's (``GATHER``, ``PICKED``): the entry of its index tuples that is a position
     axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
     position: int | None = None  # a ``PICK``'s position along the length (negative: from the end)
-    reduced: int | None = None  # a ``POOLED``'s axis: the length's
+    reduced: int | None = None  # a ``POOLED``'s axis: the length's; a ``CONCAT``'s
 
     @property
     def reads_constants(self) -> bool:
@@ -129,6 +138,12 @@ class InstanceAxisPlan:
         return [(record, step) for record, step in zip(self.records, self.steps) if step.kind == PICK]
 
     @functools.cached_property
+    def picked(self) -> bool:
+        """Whether a step reads positions the graph computes (a mix's feeds give each instance's
+        first row and length; the run checks the positions)."""
+        return any(step.kind == PICKED for step in self.steps)
+
+    @functools.cached_property
     def pooled(self) -> bool:
         return any(step.kind == POOLED for step in self.steps)
 
@@ -160,7 +175,7 @@ class InstanceAxisPlan:
             if any(not fits_pattern(aligned(instance.weights[name], pattern).shape, pattern, length)
                    for name, pattern in step.fed.items()):
                 return refuse(f"{where} reads a constant of another shape")
-            if step.kind in (GATHER, ELEMENTS, PICK, POOLED):  # (its indices' shape checked above, their values when fed)
+            if step.kind in (GATHER, ELEMENTS, PICK, PICKED, POOLED, CONCAT):  # (its indices' shape checked above, their values when fed or run)
                 continue
             if step.kind == PADDED:
                 values = [(name, vtype) for name, vtype in zip(record.outputs, record.types) if name] + \
@@ -235,9 +250,11 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
                     return refuse(f"{where}: its output {name!r} is not of the instance's length")
                 patterns[name] = pattern
         step = _gather_step(a, fed, patterns) or _elements_step(a, first.weights, fed, patterns) or \
-            _pick_step(a, first.weights, fed, patterns) or _pooled_step(a, first.weights, fed, patterns) or \
+            _pick_step(a, first.weights, fed, patterns) or _picked_step(a, fed, patterns) or \
+            _pooled_step(a, first.weights, fed, patterns) or _concat_step(a, first.weights, fed, patterns, opset) or \
             _rows_step(a, b, first, second, opset, fed, _row_axis(a, patterns))
-        if not isinstance(step, Refusal) and step.kind not in (PICK, POOLED, "sequences") and _mixes_rows(a, patterns):
+        if not isinstance(step, Refusal) and step.kind not in (PICK, PICKED, POOLED, "sequences") and \
+                _mixes_rows(a, patterns):
             step = refuse("it reads values of the length and values of one row an instance")
         if isinstance(step, Refusal):
             step = _padded_step(a, first.weights, fed, patterns, opset)
@@ -328,16 +345,66 @@ def _pick_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str,
     return Step(PICK, position=int(weights[record.inputs[1]]))
 
 
+def _picked_step(record: Record, fed: dict[str, Pattern | None], patterns: dict[str, Pattern]) -> Step | None:
+    """A Gather along the length of a value in rows by positions that are a value of one row an
+    instance (an ArgMax's), or a GatherND whose index tuples end at that axis (the entries before
+    it index axes of 1): each instance's rows at its own positions, a value of one row an
+    instance. None for any other record."""
+    if record.op_type not in ("Gather", "GatherND") or record.domain or len(record.inputs) != 2 or fed:
+        return None
+    data, positions, out = (patterns.get(name) for name in (*record.inputs, record.outputs[0]))
+    if data is None or positions is None or out is None or None in positions or positions[:1] != (1,):
+        return None
+    rows = _rows_axis(data)
+    if rows is None or out[:1] != (1,):
+        return None
+    if record.op_type == "Gather":
+        axis = record_attribute(record, "axis", 0) % len(data)
+        return Step(PICKED) if axis == rows and out == (*data[:axis], *positions, *data[axis + 1:]) else None
+    if record_attribute(record, "batch_dims", 0) != 0 or len(positions) < 2 or positions[-1] != rows + 1 \
+            or out != (*positions[:-1], *data[rows + 1:]):
+        return None
+    return Step(PICKED, component=rows)
+
+
+def _concat_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
+                 patterns: dict[str, Pattern], opset: int) -> Step | None:
+    """A Concat along a later axis than the rows' of values in rows (all of the length, or all of
+    one row an instance) and shared constants of one row: each constant broadcast to every row
+    (dynamo's GatherND indices: a batch index 0 beside each instance's position). None for any
+    other record, or one of values only (a ragged rows step)."""
+    if record.op_type != "Concat" or record.domain or fed or opset < 10:
+        return None
+    values = [patterns[name] for name in record.inputs if name in patterns]
+    shared = [np.shape(weights[name]) for name in record.inputs if name in weights]
+    out = patterns.get(record.outputs[0])
+    if not values or not shared or len(values) + len(shared) != len(record.inputs) or out is None:
+        return None
+    rows = {0 if None not in pattern else _rows_axis(pattern) for pattern in (*values, out)}
+    axis = record_attribute(record, "axis", 0) % len(out)
+    if len(rows) != 1 or None in rows or len({None in pattern for pattern in (*values, out)}) != 1:
+        return None
+    row = rows.pop()
+    if axis <= row or any(len(shape) != len(out) or shape[row] != 1 for shape in shared):
+        return None
+    return Step(CONCAT, reduced=axis)
+
+
 def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
                  patterns: dict[str, Pattern]) -> Step | None:
-    """A sum, mean, max or min over the length of a value in rows (its only length axis): each
-    instance's, a value of one row an instance, computed in padded chunks (padded positions 0
-    for a sum or mean, whose count is each instance's own; -inf or +inf for a max or min).
-    None for any other record."""
+    """A sum, mean, max or min over the length of a value in rows (its only length axis), or the
+    position of the first max or min: each instance's, a value of one row an instance, computed
+    in padded chunks (padded positions 0 for a sum or mean, whose count is each instance's own;
+    the lowest or highest value for a max or min, or their positions: a padded position comes
+    after every real one, so that the first wins a tie). None for any other record."""
     if record.op_type not in POOLING or record.domain or not isinstance(record.entries[0], ValueType):
         return None
     data, out = patterns.get(record.inputs[0]), patterns.get(record.outputs[0])
     axes = record_attribute(record, "axes", None)
+    if record.op_type in ("ArgMax", "ArgMin"):  # (the last of equal values: a padded one might win)
+        if record_attribute(record, "select_last_index", 0):
+            return None
+        axes = record_attribute(record, "axis", 0)
     if axes is None and len(record.inputs) > 1 and record.inputs[1]:
         if record.inputs[1] not in weights or record.inputs[1] in fed:
             return None

@@ -114,7 +114,11 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
         config = transformers.DistilBertConfig(vocab_size=VOCABULARY, dim=size, n_layers=layers, n_heads=4,
                                                hidden_dim=2 * size, max_position_embeddings=128, num_labels=3)
         return Logits(transformers.DistilBertForSequenceClassification(config)).eval()
-    config = transformers.GPT2Config(vocab_size=VOCABULARY, n_embd=size, n_layer=layers, n_head=4, n_positions=128)
+    # (its classifier reads the last token that is not padding, id 0: found by an ArgMax)
+    config = transformers.GPT2Config(vocab_size=VOCABULARY, n_embd=size, n_layer=layers, n_head=4, n_positions=128,
+                                     num_labels=3, pad_token_id=0)
+    if classifier:
+        return Logits(transformers.GPT2ForSequenceClassification(config)).eval()
     return LastHidden(transformers.GPT2Model(config)).eval()
 
 

@@ -471,6 +471,66 @@ def test_a_batch_with_an_instance_too_short_for_a_picked_position_is_planned_per
     assert session.stats.report.scheduler == "instance axis" and session.axis_batches.refusal is None
 
 
+@pytest.mark.parametrize("dtype", ["float", "int64"])
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_a_token_found_by_an_argmax_is_picked_from_each_instances_own_rows(backend, op, dtype):
+    """GPT-2's classifier: the position of each text's last real token by an ArgMax over its
+    length (padded chunks whose padded positions never win, ties to the first), then its row
+    picked by a Gather (the legacy exporter) or a GatherND of ``[0, position]`` (dynamo's: a
+    shared 0 beside each text's position, broadcast to every text), then a head: every text's
+    own results, every mix planned once. Values are drawn from few so that ties are common, and
+    of one sign so that a padded 0 would often win."""
+    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g ({dtype}[1, L] s, float[1, L, 4] x) => (float[1, 3] a, float[1, 3] b) {{
+        at = {op}<axis = 1, keepdims = 0>(s)
+        row = Gather<axis = 1>(x, at)
+        first = Squeeze(row, one)
+        a = MatMul(first, head)
+        lifted = Unsqueeze(at, one)
+        pair = Concat<axis = 1>(zero2, lifted)
+        picked = GatherND(x, pair)
+        b = MatMul(picked, head) }}""", one=_I["one"], zero2=np.zeros((1, 1), np.int64),
+                   head=np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32))
+    rng = np.random.default_rng(30)
+    kind = np.float32 if dtype == "float" else np.int64
+    low, high = (-3, 1) if op == "ArgMax" else (0, 4)  # (a padded 0 would win where every real one loses to it)
+    texts = lambda lengths: [{"s": rng.integers(low, high, (1, n)).astype(kind),  # noqa: E731
+                              "x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths in ([3, 7, 5], [9, 4, 11, 1, 6, 13, 8, 10, 3, 2], [1, 2, 1, 3, 2, 6]):
+        assert_batched_equals_alone(session, texts(lengths))
+        report = session.stats.report
+        assert report.scheduler == "instance axis", session.axis_batches.refusal
+        assert report.launches_by_op[op] == math.ceil(len(lengths) / 8)
+        assert report.launches_by_op["Gather"] == report.launches_by_op["GatherND"] == 1
+
+
+def test_a_position_past_its_instances_length_fails_that_instance_alone_and_keeps_the_plan(backend):
+    """A position the graph computes (here a sum of the input, counted from the end where
+    negative) reads the instance's own row; one past its instance never reads another's: the
+    batch goes to the flat planner, where that instance fails alone, and the node-level plan
+    stays for the next batch."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (int64[1, L] s, float[1, L, 4] x) => (float[1, 1, 4] y) {
+        at = ReduceSum<keepdims = 0>(s, one)
+        y = Gather<axis = 1>(x, at) }""", one=_I["one"])
+    rng = np.random.default_rng(31)
+
+    def texts(sums):
+        return [{"s": np.array([[total] + [0] * (n - 1)], np.int64), "x": rng.standard_normal((1, n, 4)).astype(np.float32)}
+                for n, total in sums]
+
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, texts([(3, 2), (7, -1), (5, -5), (4, 0)]))
+    assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+    for past in ((3, 3), (3, -4)):  # past its end, or before its start: the rows of its neighbours
+        with pytest.raises(Exception):  # noqa: B017 - the instance's own error, whichever its backend raises
+            session.run_batch(None, texts([(6, 1), past, (5, 4)]))
+        assert session.axis_batches.refusal is None
+    assert_batched_equals_alone(session, texts([(2, 1), (6, -6), (9, 8)]))
+    assert session.stats.report.scheduler == "instance axis"
+
+
 def test_a_value_of_the_length_beside_one_of_one_row_an_instance_is_refused(backend):
     """Each token plus its text's first token: rows of the length and one row an instance do
     not line up (``[1, N, d]`` against ``[n, d]``): refused, and planned per mix."""

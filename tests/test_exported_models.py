@@ -213,10 +213,11 @@ def test_an_export_that_takes_its_attention_mask_runs_every_mix_as_one_graph(tmp
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("dynamo", [False, True])
-@pytest.mark.parametrize("name", ["bert-cls", "roberta-cls", "distilbert-cls", "bert-mean", "roberta-mean"])
+@pytest.mark.parametrize("name", ["bert-cls", "roberta-cls", "distilbert-cls", "gpt2-cls", "bert-mean", "roberta-mean"])
 def test_an_exported_sequence_classifier_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
     """A classifier's logits ``[1, 3]`` come from its first token: picked from every text's rows
-    at each text's own first row, then the pooler and the head over one row a text. A sentence
+    at each text's own first row, then the pooler and the head over one row a text (GPT-2's from
+    its last token that is not padding: an ArgMax over the length, then each text's row at it). A sentence
     embedding ``[1, d]``, the mean of the real tokens' states, sums each text's masked states
     over its length (padded chunks) and divides by its count of real tokens (one row a text)."""
     pytest.importorskip("transformers")
