@@ -266,6 +266,23 @@ def pool(p: Program) -> None:  # a classifier's pooler: each instance's first (o
     p.add(p.node("Tanh", [p.node("MatMul", [row, p.weight(a.cols, cols)])]), (0, 1), cols, sums=True)
 
 
+def found(p: Program) -> None:  # GPT-2's classifier: each instance's row at the first max (or min) of a column
+    a = p.pick(p.exact())  # (it decides the position)
+    column_ = p.node("Gather", [a.name, p.constant(_ints(p.rng.randrange(a.cols)))], axis=1)  # [rows, 1]
+    flat = p.node("Reshape", [column_, p.constant(_ints(1, -1))])
+    at = p.node(p.rng.choice(("ArgMax", "ArgMin")), [flat], axis=1, keepdims=0)  # [1]
+    b = p.pick([v for v in p.floats() if v.rows == a.rows])
+    lifted = p.node("Reshape", [b.name, p.constant(_ints(1, -1, b.cols))])
+    if p.rng.random() < 0.5:  # the legacy exporter's Gather, or dynamo's GatherND of (0, position)
+        row = p.node("Reshape", [p.node("Gather", [lifted, at], axis=1), p.constant(_ints(1, b.cols))])
+    else:
+        pair = p.node("Concat", [p.constant(np.zeros((1, 1), np.int64)), p.node("Unsqueeze", [at, p.constant(_ints(1))])],
+                      axis=1)
+        row = p.node("GatherND", [lifted, pair])
+    cols = p.rng.randint(1, 5)
+    p.add(p.node("Tanh", [p.node("MatMul", [row, p.weight(b.cols, cols)])]), (0, 1), cols, sums=True)
+
+
 def column(p: Program) -> None:  # each row by one column of its own: [rows, cols] op [rows, 1] (a masked mean's Div)
     a = p.pick()
     first = p.node("Gather", [a.name, p.constant(_ints(p.rng.randrange(a.cols)))], axis=1)  # [rows, 1]
@@ -352,7 +369,8 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
 # Steps added after seeds were recorded in tests: drawn only where asked for by kind, so that a
 # recorded seed still makes its program.
 LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select), "mask_pick": (1, mask_pick),
-                                                                   "pool": (0.7, pool), "column": (1, column)}
+                                                                   "pool": (0.7, pool), "column": (1, column),
+                                                                   "found": (0.7, found)}
 
 
 # The steps a model planned once per node takes (``batcher.instance_axis``): the programs of

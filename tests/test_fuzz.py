@@ -87,6 +87,17 @@ def test_random_programs_with_reductions_over_the_length():
         assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
 
 
+def test_random_programs_with_rows_found_by_an_argmax():
+    """GPT-2's classifier: each instance's row at the first max (or min) of one of its columns,
+    picked by a Gather or a GatherND of (0, position), then a dense layer, among the steps a
+    node-level plan takes: batched equal to alone, most batches planned once per node."""
+    outcomes = fuzz(range(9_500_000, 9_500_100), BACKENDS, kinds=(*NODE_LEVEL, "found"))
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
+        assert outcome.ops["ArgMax"] and outcome.ops["ArgMin"] and outcome.ops["GatherND"], report(outcomes)
+
+
 def test_random_programs_with_rows_by_a_column_of_their_own():
     """Each row by one column of its own (``[rows, cols]`` op ``[rows, 1]``, a masked mean's sum
     by its count), among every step and among the steps a node-level plan takes."""
