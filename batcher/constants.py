@@ -71,6 +71,37 @@ def fold_known_values(graph: Graph, evaluate: Evaluate) -> int:
     return folded
 
 
+# Ops that only rearrange or retype their input, exactly: of the model's own weights alone (the
+# legacy exporter's Identity of a tied weight, dynamo's Transpose of one), their value is another
+# weight, whatever its size.
+REARRANGING = frozenset({"Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast"})
+
+
+def fold_rearranged_weights(graph: Graph, evaluate: Evaluate, memo: dict[str, Any] | None = None) -> int:
+    """Make constants of the nodes that rearrange constants (``REARRANGING``), before anything
+    is folded from shapes: over ``FOLD_LIMIT`` elements, typing would leave them computed, and a
+    batch could not read them as weights (a language model's tied output projection). ``memo``
+    keeps each value by name across the graphs typed for one model, so that it is computed once
+    and its array shared. Returns how many nodes were folded."""
+    folded = 0
+    for node in graph.topological_order():
+        if node.domain or node.op_type not in REARRANGING or not node.inputs \
+                or any(not name or graph.values[name].const is None for name in node.inputs) \
+                or any(name in graph.outputs for name in node.outputs):
+            continue
+        values = [memo[name] for name in node.outputs] if memo is not None and all(
+            name in memo for name in node.outputs) else evaluate(graph.subgraph([node.id]), {})
+        if values is None:
+            continue
+        graph.remove_nodes([node.id])
+        for name, value in zip(node.outputs, values):
+            graph.add_initializer(name, value)
+            if memo is not None:
+                memo[name] = value
+        folded += 1
+    return folded
+
+
 # The inputs that are shapes, not data: an empty one is a scalar's shape, not a value of nothing
 # (HF's exports make the scalar True of a mask as ``ConstantOfShape([])``).
 _SHAPE_INPUTS = {"ConstantOfShape": 0, "Reshape": 1, "Expand": 1}

@@ -756,3 +756,25 @@ def test_a_recurrent_layer_with_initial_states_of_its_own_is_refused(backend, st
     session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
     assert_batched_equals_alone(session, batch)
     assert session.stats.report.scheduler != "instance axis" and session.axis_batches.refusal
+
+
+def test_a_big_weight_rearranged_by_the_model_is_folded_once_and_read_as_a_weight(backend):
+    """A Transpose of a weight (dynamo's tied output projection) bigger than what typing folds
+    from shapes: folded once for the model (every length's graph holds the same array), and
+    the product by it a rows step, every mix planned once."""
+    from autobatch.batcher.constants import FOLD_LIMIT
+
+    words = FOLD_LIMIT // 4 + 1
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, V] y) {
+        tied = Transpose<perm = [1, 0]>(table)
+        y = MatMul(x, tied) }""", table=np.random.default_rng(6).standard_normal((words, 4)).astype(np.float32))
+    rng = np.random.default_rng(32)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths in ([3, 7, 5], [2, 6, 4, 1]):
+        batch = [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]
+        assert_batched_equals_alone(session, batch)
+        assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+        assert session.stats.report.launches_by_op == {"MatMul": 1}
+    typed = [session.instances.graph_of({"x": np.zeros((1, n, 4), np.float32)}) for n in (3, 7)]
+    assert typed[0].values["tied"].const is typed[1].values["tied"].const

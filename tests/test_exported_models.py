@@ -225,6 +225,29 @@ def test_an_exported_sequence_classifier_runs_every_mix_as_one_graph(tmp_path, n
         exports.export(exports.build(name), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("name", ["gpt2-lm", "albert"])
+def test_a_weight_the_export_rearranges_is_read_as_a_weight_whatever_its_size(tmp_path, name, dynamo, backend):
+    """A language model's output projection tied to its embeddings (legacy: an Identity of the
+    weight; dynamo: a Transpose of it), ALBERT's layers that share weights: values of the weights
+    alone, bigger than what typing folds from shapes (``FOLD_LIMIT``); folded once for the model,
+    every mix runs as one graph (they were refused as not row-wise, and planned per mix)."""
+    transformers = pytest.importorskip("transformers")
+    from autobatch.batcher.constants import FOLD_LIMIT
+
+    if name == "gpt2-lm":
+        config = transformers.GPT2Config(vocab_size=FOLD_LIMIT // 32 + 100, n_embd=32, n_layer=1, n_head=4, n_positions=128)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.AlbertConfig(vocab_size=exports.VOCABULARY, hidden_size=272, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=272, embedding_size=32)
+        model = transformers.AlbertModel(config)
+    module = (exports.Logits if name == "gpt2-lm" else exports.LastHidden)(model).eval()
+    assert_masked_mixes_run_as_one_graph(exports.export(module, tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True),
+                                         backend)
+
+
 @pytest.mark.parametrize("name", ["lstm", "cnn"])
 def test_the_benchmarks_padded_export_runs_a_padded_batch(tmp_path, name):
     """The other system of ``benchmarks.exported_models``: the model exported for a padded batch
