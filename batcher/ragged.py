@@ -149,6 +149,11 @@ def _reduction(rows: Rows) -> bool:
     return bool(axes) and all(a % rows.rank > rows.axis for a in axes)
 
 
+@row_wise("over a later axis than the rows' (a tagger's best tag)", "ArgMax", "ArgMin")
+def _arg_reduction(rows: Rows) -> bool:
+    return rows.inputs == [0] and rows.later("axis", 0)
+
+
 def rows_of(shape: Sequence[int], axis: int | None = None) -> tuple[int, int, tuple[int, ...]] | None:
     """``(axis, length, row)`` of a value of ``shape``: its rows run along its first axis that is
     not 1 (exporters give one instance's values leading axes of 1: ``[1, L, d]``), or along

@@ -778,3 +778,24 @@ def test_a_big_weight_rearranged_by_the_model_is_folded_once_and_read_as_a_weigh
         assert session.stats.report.launches_by_op == {"MatMul": 1}
     typed = [session.instances.graph_of({"x": np.zeros((1, n, 4), np.float32)}) for n in (3, 7)]
     assert typed[0].values["tied"].const is typed[1].values["tied"].const
+
+
+@pytest.mark.parametrize("node_level", [True, False])
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_a_taggers_best_tag_of_each_row_is_row_wise(backend, op, node_level):
+    """An ArgMax over the tags of each token (a tagger that returns its tags, int64): row-wise,
+    one launch for every length, node-level or planned per mix; ties (tags drawn from few
+    values) to the first, as alone."""
+    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (int64[1, L] tags, int64[1, L, 1] kept) {{
+        h = Floor(x)
+        tags = {op}<axis = -1, keepdims = 0>(h)
+        kept = {op}<axis = 2, select_last_index = 1>(h) }}""")
+    rng = np.random.default_rng(33)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False, node_level=node_level)
+    for lengths in ([3, 7, 5], [2, 6, 4, 1, 9]):
+        batch = [{"x": rng.integers(-1, 2, (1, n, 4)).astype(np.float32)} for n in lengths]
+        assert_batched_equals_alone(session, batch)
+        report = session.stats.report
+        assert (report.scheduler == "instance axis") == node_level, session.axis_batches.refusal
+        assert report.launches_by_op[op] == 2
