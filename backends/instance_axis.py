@@ -241,6 +241,9 @@ class _Lowering:
                 continue
             if step.axis_input is not None:  # an axis given as an input: one further right too
                 inputs[1] = self.constant(f"{out}/axis", np.array(step.axis_input + 1, np.int64))
+            if step.sliced is not None:  # a Slice's axes (given or by default): one further right too
+                inputs = [*inputs, *[""] * (4 - len(inputs))]
+                inputs[3] = self.constant(f"{out}/axes", np.array(step.sliced, np.int64) + 1)
             if step.broadcast is not None:  # to the output's pattern at the chunk's longest (its batch axis kept)
                 sizes = [padded_feeds(k)[3] if d is None else self.constant(f"{out}/size{d}", np.array([d], np.int64))
                          for d in (1, *step.broadcast)]

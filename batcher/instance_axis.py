@@ -57,7 +57,7 @@ import numpy as np
 from onnx import helper
 
 from autobatch.batcher.instances import InstanceRecords, alike
-from autobatch.batcher.ragged import ELEMENTWISE, one_row_signatures, ragged_signature, record_attribute
+from autobatch.batcher.ragged import ELEMENTWISE, one_row_signatures, ragged_signature, record_attribute, sliced_axes
 from autobatch.batcher.rule_tables import Refusal, refuse
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir.records import Record
@@ -96,6 +96,7 @@ class Step:
     broadcast: Pattern | None = None  # an Expand's: its output's pattern (the chunk's longest at each None)
     component: int | None = None  # a GatherND's (``GATHER``, ``PICKED``): the entry of its index tuples that is a position
     axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
+    sliced: tuple[int, ...] | None = None  # a padded Slice's axes (an input, one further right too)
     position: int | None = None  # a ``PICK``'s position along the length (negative: from the end)
     reduced: int | None = None  # a ``POOLED``'s axis: the length's; a ``CONCAT``'s
 
@@ -520,6 +521,13 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         if record_attribute(record, "reverse", 0) and data[0][axis] is None:  # past the end, padding would count
             step.zeroed = {0: axis}
         step.axis_input = axis
+        return step
+    if op == "Slice" and list(data) == [0]:  # (rotary embeddings' halves of each head)
+        axes = sliced_axes(record, weights, rank)
+        if axes is None or "starts" in record.attributes or any(data[0][a] is None for a in axes) \
+                or any(name in fed for name in record.inputs[1:]):
+            return refuse("a Slice along the length, or by bounds of each length's own")
+        step.sliced = tuple(axes)
         return step
     if op == "Expand" and list(data) == [0]:  # (a mask's positions to an attention's [1, 1, L, L])
         if len(data[0]) != rank or any(d != o and d != 1 for d, o in zip(data[0], outs[0])):

@@ -149,6 +149,13 @@ def _reduction(rows: Rows) -> bool:
     return bool(axes) and all(a % rows.rank > rows.axis for a in axes)
 
 
+@row_wise("along later axes than the rows', by shared starts, ends, axes and steps (rotary embeddings' halves)",
+          "Slice")
+def _slice(rows: Rows) -> bool:
+    axes = sliced_axes(rows.record, rows.weights, rows.rank) if rows.inputs == [0] else None
+    return axes is not None and all(axis > rows.axis for axis in axes)
+
+
 @row_wise("over a later axis than the rows' (a tagger's best tag)", "ArgMax", "ArgMin")
 def _arg_reduction(rows: Rows) -> bool:
     return rows.inputs == [0] and rows.later("axis", 0)
@@ -283,6 +290,19 @@ def _reduced_axes(record: Any, weights: Mapping[str, np.ndarray]) -> list[int] |
         return np.asarray(weights[record.inputs[1]]).ravel().tolist()
     axes = record_attribute(record, "axes", None)
     return None if axes is None else list(axes)
+
+
+def sliced_axes(record: Any, weights: Mapping[str, np.ndarray], rank: int) -> list[int] | None:
+    """The axes a Slice slices (from 0, or as given; before opset 10, its attributes), or None
+    where they are not shared constants."""
+    if "starts" in record.attributes:  # (before opset 10)
+        axes = record_attribute(record, "axes", None)
+        return [a % rank for a in (range(len(record_attribute(record, "starts", []))) if axes is None else axes)]
+    given = [name if name in weights else None for name in (*record.inputs[1:], "", "", "")[:3]]
+    starts, _, axes = given
+    if starts is None or axes is None and len(record.inputs) > 3 and record.inputs[3]:
+        return None
+    return [int(a) % rank for a in (range(np.size(weights[starts])) if axes is None else np.ravel(weights[axes]))]
 
 
 def segment_keepdims(record: Any, weights: Mapping[str, np.ndarray], opset: int) -> bool | None:

@@ -799,3 +799,49 @@ def test_a_taggers_best_tag_of_each_row_is_row_wise(backend, op, node_level):
         report = session.stats.report
         assert (report.scheduler == "instance axis") == node_level, session.axis_batches.refusal
         assert report.launches_by_op[op] == 2
+
+
+def test_slices_of_each_rows_own_axes_run_on_rows_and_padded(backend):
+    """Rotary embeddings' halves: a Slice along a row's own axis is row-wise (on rows), and one
+    of a padded value (after the heads' Transpose: ``[1, H, L, d]``) slices the same axes one
+    further right (given, negative, or by default from the first; a step of 2): every mix
+    planned once. A Slice along the length is refused and planned per mix."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 8] x) => (float[1, L, 8] y) {
+        first = Slice(x, zero, four, two)
+        second = Slice(x, four, eight, last)
+        turned = Concat<axis = -1>(second, first)
+        heads = Reshape(turned, split)
+        t = Transpose<perm = [0, 2, 1, 3]>(heads)
+        half = Slice(t, two, four, last)
+        other = Slice(t, zero, two, last)
+        both = Concat<axis = -1>(half, other)
+        z = Slice(t, zero, big, last, two)
+        w = Slice(t, zero2, big2)
+        zz = Concat<axis = -1>(z, z)
+        m = Add(w, zz)
+        k = Transpose<perm = [0, 1, 3, 2]>(both)
+        s = MatMul(both, k)
+        p = Softmax(s)
+        a = MatMul(p, m)
+        back = Transpose<perm = [0, 2, 1, 3]>(a)
+        y = Reshape(back, flat) }""", zero=_I["zero"], two=_I["two"], four=np.array([4], np.int64),
+                   eight=np.array([8], np.int64), last=np.array([-1], np.int64), big=np.array([99], np.int64),
+                   zero2=np.zeros(1, np.int64), big2=np.array([99], np.int64), split=np.array([1, -1, 2, 4], np.int64),
+                   flat=np.array([1, -1, 8], np.int64))
+    rng = np.random.default_rng(34)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    for lengths in ([3, 7, 5], [9, 4, 11, 1, 6, 13, 8, 10, 3, 2]):
+        assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 8)).astype(np.float32)} for n in lengths])
+        report = session.stats.report
+        assert report.scheduler == "instance axis", session.axis_batches.refusal
+        assert report.launches_by_op["Slice"] == 2 + 4 * math.ceil(len(lengths) / 8)
+    along = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        first = Slice(s, zero, one, two)
+        y = Mul(x, first) }""", zero=_I["zero"], one=_I["one"], two=_I["two"])
+    session = autobatch.InferenceSession(along, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)])
+    assert session.stats.report.scheduler != "instance axis" and "Slice" in session.axis_batches.refusal

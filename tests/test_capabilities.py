@@ -76,6 +76,7 @@ RAGGED_CASES = {
     "Split": ("a, y = Split<axis = -1, num_outputs = 2>(x)", "float[1, L, 2] y", ""),
     "ReduceSum": ("y = ReduceSum<keepdims = 1>(x, k)", "float[1, L, 1] y", "int64[1] k = {-1}"),
     "ArgMax": ("y = ArgMax<axis = -1>(x)", "int64[1, L, 1] y", ""),
+    "Slice": ("y = Slice(x, a, b, k)", "float[1, L, 2] y", "int64[1] a = {1}, int64[1] b = {3}, int64[1] k = {-1}"),
     "ArgMin": ("y = ArgMin<axis = 2, keepdims = 0>(x)", "int64[1, L] y", ""),
 }
 

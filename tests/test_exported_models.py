@@ -248,6 +248,29 @@ def test_a_weight_the_export_rearranges_is_read_as_a_weight_whatever_its_size(tm
                                          backend)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("name", ["llama", "gpt-neox", "modernbert"])
+def test_a_decoder_with_rotary_embeddings_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
+    """Llama's (and GPT-NeoX's, on a quarter of each head) rotary embeddings turn each head's
+    halves (Slices along the head's axis, on the padded layout after the heads' Transpose, on
+    rows before it) by a cosine and sine of each length's own (given per mix); ModernBERT unbinds
+    its packed q, k, v by Slices of an axis of each row: every mix runs as one graph."""
+    transformers = pytest.importorskip("transformers")
+    sizes = dict(vocab_size=exports.VOCABULARY, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=128)
+    if name == "llama":
+        model = transformers.LlamaModel(transformers.LlamaConfig(**sizes, num_key_value_heads=2))
+    elif name == "gpt-neox":
+        model = transformers.GPTNeoXModel(transformers.GPTNeoXConfig(**sizes, rotary_pct=0.25))
+    else:
+        model = transformers.ModernBertModel(transformers.ModernBertConfig(
+            **sizes, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+            local_attention=16, global_attn_every_n_layers=2))
+    assert_masked_mixes_run_as_one_graph(
+        exports.export(exports.LastHidden(model).eval(), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)
+
+
 @pytest.mark.parametrize("name", ["lstm", "cnn"])
 def test_the_benchmarks_padded_export_runs_a_padded_batch(tmp_path, name):
     """The other system of ``benchmarks.exported_models``: the model exported for a padded batch
