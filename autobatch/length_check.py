@@ -74,7 +74,7 @@ class LengthCheck:
             values = self._folded(length)
             if values is None or not self._shapes_fit(length, values) or any(
                     not fits_pattern(aligned(values[name], pattern).shape, pattern, length)
-                    for name, (_, pattern) in self.plan.fed.items()) or any(
+                    for name, layouts in self.plan.fed.items() for pattern in layouts.values()) or any(
                     not alike(values[name], self.plan.weights[name]) for name in self.shared):
                 return None
         except Exception as error:  # noqa: BLE001 - the model is typed for this length instead

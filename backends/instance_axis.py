@@ -132,13 +132,14 @@ class _Lowering:
     def inputs(self) -> list[onnx.ValueInfoProto]:
         plan = self.plan
         infos = [_info(name, plan.patterns[name], ROWS, record_type(plan, name)) for name in plan.inputs]
-        for name, (padded, pattern) in plan.fed.items():
+        for name, layouts in plan.fed.items():
             elem_type = helper.np_dtype_to_tensor_dtype(plan.weights[name].dtype)
-            if padded:  # a chunk's, after a batch axis
-                infos += [helper.make_tensor_value_info(f"{name}/chunk{k}", elem_type, [None] * (len(pattern) + 1))
-                          for k in range(self.chunk_count)]
-            else:
-                infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
+            for padded, pattern in layouts.items():
+                if padded:  # a chunk's, after a batch axis
+                    infos += [helper.make_tensor_value_info(f"{name}/chunk{k}", elem_type, [None] * (len(pattern) + 1))
+                              for k in range(self.chunk_count)]
+                else:
+                    infos.append(helper.make_tensor_value_info(name, elem_type, [None] * len(pattern)))
         infos += [helper.make_tensor_value_info(picked_rows(record), TensorProto.INT64, [None]) for record, _ in plan.picks]
         if plan.picked:
             infos += [helper.make_tensor_value_info(name, TensorProto.INT64, [None]) for name in (STARTS, LENGTHS)]
@@ -409,16 +410,17 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
     members = chunk_members(lengths, CHUNK)  # (a padded layout needs no more of the chunks than who is in each)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    for name, (padded, pattern) in plan.fed.items():
-        arrays = [aligned(c[name], pattern) for c in constants]
-        if name in plan.indices:  # positions along each instance's length: to the rows of all
-            arrays = [_positions(array, plan.indices[name], int(length), int(start), name)
-                      for array, length, start in zip(arrays, lengths, starts)]
-        if padded:
-            for k, chunk in enumerate(members):
-                feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
-        else:
-            feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
+    for name, layouts in plan.fed.items():
+        for padded, pattern in layouts.items():
+            arrays = [aligned(c[name], pattern) for c in constants]
+            if name in plan.indices:  # positions along each instance's length: to the rows of all
+                arrays = [_positions(array, plan.indices[name], int(length), int(start), name)
+                          for array, length, start in zip(arrays, lengths, starts)]
+            if padded:
+                for k, chunk in enumerate(members):
+                    feeds[f"{name}/chunk{k}"] = _padded([arrays[m] for m in chunk], pattern, int(lengths[chunk[0]]))
+            else:
+                feeds[name] = np.concatenate(arrays, axis=pattern.index(None))
     if plan.picked:
         feeds[STARTS], feeds[LENGTHS] = starts, lengths
     for record, step in plan.picks:  # each instance's row at the position, counted from its own end where negative

@@ -120,7 +120,9 @@ class InstanceAxisPlan:
     inputs: list[str]
     outputs: list[str]
     opset: int
-    fed: dict[str, tuple[bool, Pattern]]  # a constant given per mix -> (read in the padded layout, its pattern)
+    # a constant given per mix -> its pattern in each layout that reads it (True: padded; Falcon's
+    # rotary tables are read by rows and by padded steps: a feed each)
+    fed: dict[str, dict[bool, Pattern]]
     # those fed as positions along a length (``GATHER``): offset per instance; a GatherND's, the
     # component of each index tuple that is the position (the ones before index axes of size 1)
     indices: dict[str, int | None] = field(default_factory=dict)
@@ -233,7 +235,7 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
     if opset < 9:
         return refuse(f"opset {opset}: its masks need Where (opset 9)")
     padded = set()  # values in the padded layout
-    fed_as: dict[str, tuple[bool, Pattern]] = {}  # a constant given per mix: in the padded layout, its pattern
+    fed_as: dict[str, dict[bool, Pattern]] = {}  # a constant given per mix: its pattern in each layout read (padded?)
     indices: dict[str, int | None | bool] = {}  # a constant given per mix -> as positions (``_gather_step``) or False
     read |= set(outputs)
     steps = []
@@ -271,9 +273,9 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
             return refuse(f"{where}: its final states are read")
         elif step.kind == "sequences" and None not in patterns[a.inputs[0]]:  # (its chunks run each instance's length)
             return refuse(f"{where}: a recurrent layer over one row an instance")
-        for name, pattern in step.fed.items():  # one feed a constant: read one way only
+        for name, pattern in step.fed.items():  # a feed a layout: each of its readers reads it alike
             positions = step.component if step.kind == GATHER else False
-            if fed_as.setdefault(name, (step.kind == PADDED, pattern)) != (step.kind == PADDED, pattern) or \
+            if fed_as.setdefault(name, {}).setdefault(step.kind == PADDED, pattern) != pattern or \
                     indices.setdefault(name, positions) != positions:
                 return refuse(f"{where} reads a constant given per mix that another node reads otherwise")
         if step.kind != PADDED:  # what it reads in the padded layout goes back to rows

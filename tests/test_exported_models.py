@@ -250,11 +250,12 @@ def test_a_weight_the_export_rearranges_is_read_as_a_weight_whatever_its_size(tm
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("dynamo", [False, True])
-@pytest.mark.parametrize("name", ["llama", "gpt-neox", "modernbert"])
+@pytest.mark.parametrize("name", ["llama", "gpt-neox", "falcon", "modernbert"])
 def test_a_decoder_with_rotary_embeddings_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
     """Llama's (and GPT-NeoX's, on a quarter of each head) rotary embeddings turn each head's
     halves (Slices along the head's axis, on the padded layout after the heads' Transpose, on
-    rows before it) by a cosine and sine of each length's own (given per mix); ModernBERT unbinds
+    rows before it) by a cosine and sine of each length's own (given per mix; Falcon's read in
+    both layouts, a feed each); ModernBERT unbinds
     its packed q, k, v by Slices of an axis of each row: every mix runs as one graph."""
     transformers = pytest.importorskip("transformers")
     sizes = dict(vocab_size=exports.VOCABULARY, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -263,6 +264,10 @@ def test_a_decoder_with_rotary_embeddings_runs_every_mix_as_one_graph(tmp_path, 
         model = transformers.LlamaModel(transformers.LlamaConfig(**sizes, num_key_value_heads=2))
     elif name == "gpt-neox":
         model = transformers.GPTNeoXModel(transformers.GPTNeoXConfig(**sizes, rotary_pct=0.25))
+    elif name == "falcon":  # (its rotary tables are read by rows and by padded steps: given per mix each way)
+        model = transformers.FalconModel(transformers.FalconConfig(
+            vocab_size=exports.VOCABULARY, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=128))
     else:
         model = transformers.ModernBertModel(transformers.ModernBertConfig(
             **sizes, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
