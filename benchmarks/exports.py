@@ -88,7 +88,8 @@ class MeanPooled(LastHidden):
 
 
 def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
-    """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for bert, roberta, gpt2)."""
+    """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for all but lstm, gru,
+    encoder and cnn)."""
     torch.manual_seed(seed)
     if name in ("lstm", "gru"):
         return Tagger(name.upper(), size).eval()
@@ -110,6 +111,10 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
         config = kind(vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers, num_attention_heads=4,
                       intermediate_size=2 * size, max_position_embeddings=128, num_labels=3)
         return (Logits if classifier else MeanPooled if pooled else LastHidden)(model(config)).eval()
+    if name == "llama":  # (rotary embeddings; two key and value heads for four queries)
+        return LastHidden(transformers.LlamaModel(transformers.LlamaConfig(
+            vocab_size=VOCABULARY, hidden_size=size, intermediate_size=2 * size, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))).eval()
     if name == "distilbert" and classifier:
         config = transformers.DistilBertConfig(vocab_size=VOCABULARY, dim=size, n_layers=layers, n_heads=4,
                                                hidden_dim=2 * size, max_position_embeddings=128, num_labels=3)
