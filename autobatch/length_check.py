@@ -22,8 +22,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from autobatch.backends import evaluate
 from autobatch.backends.interpreter import Interpreter
-from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers
+from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers, fold_rearranged_weights
 from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_pattern, pattern_at
 from autobatch.batcher.instances import alike
 from autobatch.ir import Graph, to_onnx
@@ -38,10 +39,13 @@ class LengthCheck:
     whose inputs have these ``dtypes`` (the constants folded there), or None where the model
     must be typed for it to tell."""
 
-    def __init__(self, graph: Graph, typed: Graph, plan: InstanceAxisPlan) -> None:
+    def __init__(self, graph: Graph, typed: Graph, plan: InstanceAxisPlan, rearranged: dict[str, Any] | None = None) -> None:
+        """``rearranged``: the weights typing folded from the model's weights alone, by name
+        (``ModelInstances.rearranged``): known, as the model's own, not evaluated per length."""
         self.plan = plan
         model = Graph.union([graph], rename=lambda _k, name: name)
         constants_to_initializers(model)
+        fold_rearranged_weights(model, evaluate, rearranged)
         known = {name for name, value in model.values.items() if value.const is not None}
         folded = {name for name, value in typed.values.items() if value.const is not None} - known
         shapes = model.subgraph(model.producer_of(name)[0] for name in folded  # type: ignore[index]

@@ -64,7 +64,7 @@ class ModelInstances:
         # the values of a control-flow instance -> its graph
         self._unrolled = Budgeted(1 << 30, UNROLLED_NODES_KEPT, len)
         self._constants = SharedConstants()
-        self._rearranged: dict[str, Any] = {}  # weights rearranged by the model's nodes, by name (``typed_instance``)
+        self.rearranged: dict[str, Any] = {}  # weights rearranged by the model's nodes, by name (``typed_instance``)
 
     def graph_of(self, feeds: Mapping[str, Any]) -> Graph:
         """The model with its inputs' concrete types and every value's shape inferred; a model
@@ -84,7 +84,7 @@ class ModelInstances:
         graph = self.typed.get(key)
         if graph is None:
             graph = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()},
-                                   self._rearranged)
+                                   self.rearranged)
             self.typed[key] = graph = self._constants.share(graph)
         return graph
 

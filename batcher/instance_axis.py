@@ -400,7 +400,8 @@ def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
     in padded chunks (padded positions 0 for a sum or mean, whose count is each instance's own;
     the lowest or highest value for a max or min, or their positions: a padded position comes
     after every real one, so that the first wins a tie). None for any other record."""
-    if record.op_type not in POOLING or record.domain or not isinstance(record.entries[0], ValueType):
+    if record.op_type not in POOLING or record.domain or not isinstance(record.entries[0], ValueType) \
+            or record.entries[0].dtype == np.bool_:  # (a bool's padded positions: no Where of bools in onnxruntime)
         return None
     data, out = patterns.get(record.inputs[0]), patterns.get(record.outputs[0])
     axes = record_attribute(record, "axes", None)

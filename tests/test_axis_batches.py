@@ -686,6 +686,11 @@ REVIEWED = {
         h = Add(x, pe)
         t = Unsqueeze(x, zero)
         e = Add(t, pe) }""", P=_P, **_I), None),  # (refused once; now a feed in each layout)
+    "a bool reduced over the length (opset 20)": (_model("""<ir_version: 9, opset_import: ["" : 20]>
+        g (float[1, L, 4] x) => (bool[1, 4] y, float[1, L, 4] z) {
+        b = Greater(x, zero)
+        y = ReduceMax<keepdims = 0>(b, one)
+        z = Relu(x) }""", zero=np.array(0.0, np.float32), one=_I["one"]), "no padded rule"),
 }
 
 
@@ -758,10 +763,11 @@ def test_a_recurrent_layer_with_initial_states_of_its_own_is_refused(backend, st
     assert session.stats.report.scheduler != "instance axis" and session.axis_batches.refusal
 
 
-def test_a_big_weight_rearranged_by_the_model_is_folded_once_and_read_as_a_weight(backend):
+def test_a_big_weight_rearranged_by_the_model_is_folded_once_and_read_as_a_weight(backend, monkeypatch):
     """A Transpose of a weight (dynamo's tied output projection) bigger than what typing folds
     from shapes: folded once for the model (every length's graph holds the same array), and
-    the product by it a rows step, every mix planned once."""
+    the product by it a rows step, every mix planned once; a new length is checked without
+    typing the model (the weight known, as the model's own, not evaluated again per length)."""
     from autobatch.batcher.constants import FOLD_LIMIT
 
     words = FOLD_LIMIT // 4 + 1
@@ -778,6 +784,9 @@ def test_a_big_weight_rearranged_by_the_model_is_folded_once_and_read_as_a_weigh
         assert session.stats.report.launches_by_op == {"MatMul": 1}
     typed = [session.instances.graph_of({"x": np.zeros((1, n, 4), np.float32)}) for n in (3, 7)]
     assert typed[0].values["tied"].const is typed[1].values["tied"].const
+    monkeypatch.setattr(session.axis_batches.instances, "records_of", lambda feeds: 1 / 0)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (8, 9, 11)])
+    assert session.stats.report.scheduler == "instance axis"
 
 
 @pytest.mark.parametrize("node_level", [True, False])
