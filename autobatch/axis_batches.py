@@ -117,7 +117,7 @@ class AxisBatches:
             return False
         self.runner = InstanceAxisRunner(plan, self.settings)
         try:
-            self.lengths = LengthCheck(self.graph, self.instances.graph_of(two[0]), plan, self.instances.rearranged)
+            self.lengths = LengthCheck(self.graph, self.instances.graph_of(two[0]), plan)
         except Exception as error:  # noqa: BLE001 - each new length is typed instead
             log.debug("new lengths of %s are typed: %s: %s", self.graph.name, type(error).__name__, error)
         log.info("batches of %s run as one graph of its nodes over every instance's rows", self.graph.name)

@@ -22,9 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from autobatch.backends import evaluate
 from autobatch.backends.interpreter import Interpreter
-from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers, fold_rearranged_weights
+from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers
 from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_pattern, pattern_at
 from autobatch.batcher.instances import alike
 from autobatch.ir import Graph, to_onnx
@@ -34,22 +33,38 @@ from autobatch.ir.graph_tidy import without
 log = logging.getLogger("autobatch")
 
 
+def _fold_weights_alone(model: Graph, typed: Graph) -> None:
+    """The nodes of ``model`` that read the model's constants alone (no input reaches them: a
+    tied weight's Transpose, a LayerNorm of relative embeddings) made the constants typing
+    folded them to: the same at every length, not evaluated again for each."""
+    reached = set(model.inputs)
+    for node in model.topological_order():
+        if any(name in reached for name in node.inputs if name):
+            reached.update(node.outputs)
+            continue
+        values = [typed.values[name].const if name in typed.values else None for name in node.outputs if name]
+        if values and all(value is not None for value in values):
+            model.remove_nodes([node.id])
+            for name, value in zip([name for name in node.outputs if name], values):
+                model.add_initializer(name, value)
+
+
 class LengthCheck:
     """``constants(length, dtypes)``: what the plan feeds per mix to an instance of ``length``
     whose inputs have these ``dtypes`` (the constants folded there), or None where the model
     must be typed for it to tell."""
 
-    def __init__(self, graph: Graph, typed: Graph, plan: InstanceAxisPlan, rearranged: dict[str, Any] | None = None) -> None:
-        """``rearranged``: the weights typing folded from the model's weights alone, by name
-        (``ModelInstances.rearranged``): known, as the model's own, not evaluated per length."""
+    def __init__(self, graph: Graph, typed: Graph, plan: InstanceAxisPlan) -> None:
         self.plan = plan
         model = Graph.union([graph], rename=lambda _k, name: name)
         constants_to_initializers(model)
-        fold_rearranged_weights(model, evaluate, rearranged)
+        _fold_weights_alone(model, typed)
         known = {name for name, value in model.values.items() if value.const is not None}
         folded = {name for name, value in typed.values.items() if value.const is not None} - known
-        shapes = model.subgraph(model.producer_of(name)[0] for name in folded  # type: ignore[index]
-                                if model.producer_of(name) is not None)  # its inputs: the values its Shape nodes read
+        # Every node typing folded (those of values it then dropped, unread, too): its inputs, the
+        # values its Shape nodes read
+        shapes = model.subgraph(node.id for node in model.nodes.values()
+                                if all(typed.producer_of(name) is None for name in node.outputs if name))
         if any(name not in plan.patterns for name in shapes.inputs):
             raise ValueError("a node folded at the probe reads a value of no pattern")
         if any(node.inputs and all(not name or typed.values[name].const is not None for name in node.inputs)

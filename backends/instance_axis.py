@@ -33,7 +33,8 @@ from autobatch.ir.onnx_io import choose_ir_version
 
 ROWS = "rows"  # the symbolic size of the batch's rows axis
 TARGETS = "instance_axis/targets"  # where each row of a recurrent layer's output is in its chunks' outputs
-AXIS_DEFAULTS = {"Gather": 0, "Split": 0, "Concat": 0, "Softmax": -1, "LogSoftmax": -1}  # (Softmax before 13: 1)
+AXIS_DEFAULTS = {"Gather": 0, "GatherElements": 0, "Split": 0, "Concat": 0, "Softmax": -1,
+                 "LogSoftmax": -1}  # (Softmax before 13: 1)
 # Sessions a runner keeps, one per number of chunks (a batch of 64 has 8): each holds the weights.
 SESSIONS_KEPT = 8
 BACK = "padded/targets"  # where each row of a padded value is in its chunks' values, flattened and concatenated
@@ -237,7 +238,8 @@ class _Lowering:
                 inputs[0] = self.node("Where", [self.valid(k, rank + 1, step.key_mask + 1), inputs[0], low],
                                       f"{out}/masked/chunk{k}")
             if step.target is not None:  # (a Squeeze, Unsqueeze or Flatten too)
-                target = self.constant(f"{out}/target", np.array(step.target, np.int64))
+                target = self.constant(f"{out}/target", np.array(step.target, np.int64)) if step.target.count(-1) < 2 \
+                    else self.padded_shape((0, *self.plan.patterns[out]), k, f"{out}/target/chunk{k}")
                 self.node("Reshape", [inputs[0], target], f"{out}/chunk{k}")
                 continue
             if step.axis_input is not None:  # an axis given as an input: one further right too
@@ -246,9 +248,7 @@ class _Lowering:
                 inputs = [*inputs, *[""] * (4 - len(inputs))]
                 inputs[3] = self.constant(f"{out}/axes", np.array(step.sliced, np.int64) + 1)
             if step.broadcast is not None:  # to the output's pattern at the chunk's longest (its batch axis kept)
-                sizes = [padded_feeds(k)[3] if d is None else self.constant(f"{out}/size{d}", np.array([d], np.int64))
-                         for d in (1, *step.broadcast)]
-                self.node("Expand", [inputs[0], self.node("Concat", sizes, f"{out}/shape/chunk{k}", axis=0)],
+                self.node("Expand", [inputs[0], self.padded_shape((1, *step.broadcast), k, f"{out}/shape/chunk{k}")],
                           f"{out}/chunk{k}")
                 continue
             self.nodes.append(helper.make_node(record.op_type, inputs, [f"{n}/chunk{k}" if n else n for n in record.outputs],
@@ -257,6 +257,11 @@ class _Lowering:
                                                    record.inputs[0], self.plan.patterns[out])), self.plan.opset)))
         self.zeros[out] = self._zeros_after(record, step)  # (once its inputs are converted: theirs known)
         self.padded.update(name for name in record.outputs if name)
+
+    def padded_shape(self, dims: Sequence[int | None], k: int, name: str) -> str:
+        """A shape of chunk ``k``: ``dims``, each None the chunk's longest."""
+        sizes = [padded_feeds(k)[3] if d is None else self.constant(f"instance_axis/size{d}", np.array([d], np.int64)) for d in dims]
+        return self.node("Concat", sizes, name, axis=0)
 
     def _zeros_of(self, name: str) -> set[int]:
         return self.zeros.get(name if name in self.padded else f"{name}/padded", set())

@@ -525,6 +525,9 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
             step.zeroed = {0: axis}
         step.axis_input = axis
         return step
+    if op == "GatherElements" and list(data) == [0]:  # (DeBERTa's scores by relative positions, given per mix)
+        axis = record_attribute(record, "axis", 0) % rank
+        return step if data[0][axis] is not None else refuse("a GatherElements along the length")
     if op == "Slice" and list(data) == [0]:  # (rotary embeddings' halves of each head)
         axes = sliced_axes(record, weights, rank)
         if axes is None or "starts" in record.attributes or any(data[0][a] is None for a in axes) \
@@ -542,11 +545,14 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
 def _padded_reshape(op: str, source: Pattern, out: Pattern) -> Step | Refusal:
     """A reshape as a padded step: a Reshape of each chunk to ``target`` (its shape read from
     the patterns, not the node's target, which is folded per length), or why not."""
-    if source.count(None) != 1 or out.count(None) != 1 or 0 in out:  # (its target's 0 copies the batch axis)
-        return refuse(f"a {op} of other than one length axis")
-    before = [math.prod(p[:p.index(None)]) for p in (source, out)]  # (each position's elements stay its own)
-    if before[0] != before[1]:
+    lengths = source.count(None)
+    if not lengths or out.count(None) != lengths or 0 in out:  # (its target's 0 copies the batch axis)
+        return refuse(f"a {op} that adds or drops a length axis")
+    first = [p.index(None) for p in (source, out)]
+    if math.prod(source[:first[0]]) != math.prod(out[:first[1]]):  # (each position's elements stay its own)
         return refuse(f"a {op} that moves the length")
+    if lengths > 1 and source[first[0]:] != out[first[1]:]:  # (ALiBi's [H, L, L] to [1, H, L, L])
+        return refuse(f"a {op} of several length axes that reshapes them or the axes after them")
     return Step(PADDED, target=(0, *(-1 if d is None else d for d in out)))
 
 

@@ -6,6 +6,7 @@ the node-level plan does not take is planned per mix as before, saying why."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import onnx
@@ -810,6 +811,20 @@ def test_a_taggers_best_tag_of_each_row_is_row_wise(backend, op, node_level):
         assert report.launches_by_op[op] == 2
 
 
+def _two_mixes_planned_once(model: onnx.ModelProto, backend: str, width: int) -> list[tuple[int, Any]]:
+    """Two mixes of ``x [1, L, width]`` (the second of lengths never seen), each instance's own
+    results, each mix run by the node-level plan: its chunks and its report, a mix each."""
+    rng = np.random.default_rng(34)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    reports = []
+    for lengths in ([3, 7, 5], [9, 4, 11, 1, 6, 13, 8, 10, 3, 2]):
+        assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, width)).astype(np.float32)}
+                                              for n in lengths])
+        assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+        reports.append((math.ceil(len(lengths) / CHUNK), session.stats.report))
+    return reports
+
+
 def test_slices_of_each_rows_own_axes_run_on_rows_and_padded(backend):
     """Rotary embeddings' halves: a Slice along a row's own axis is row-wise (on rows), and one
     of a padded value (after the heads' Transpose: ``[1, H, L, d]``) slices the same axes one
@@ -838,13 +853,9 @@ def test_slices_of_each_rows_own_axes_run_on_rows_and_padded(backend):
                    eight=np.array([8], np.int64), last=np.array([-1], np.int64), big=np.array([99], np.int64),
                    zero2=np.zeros(1, np.int64), big2=np.array([99], np.int64), split=np.array([1, -1, 2, 4], np.int64),
                    flat=np.array([1, -1, 8], np.int64))
+    for chunks, report in _two_mixes_planned_once(model, backend, 8):
+        assert report.launches_by_op["Slice"] == 2 + 4 * chunks
     rng = np.random.default_rng(34)
-    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
-    for lengths in ([3, 7, 5], [9, 4, 11, 1, 6, 13, 8, 10, 3, 2]):
-        assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 8)).astype(np.float32)} for n in lengths])
-        report = session.stats.report
-        assert report.scheduler == "instance axis", session.axis_batches.refusal
-        assert report.launches_by_op["Slice"] == 2 + 4 * math.ceil(len(lengths) / 8)
     along = _model("""<ir_version: 8, opset_import: ["" : 17]>
         g (float[1, L, 4] x) => (float[1, L, 4] y) {
         k = Transpose<perm = [0, 2, 1]>(x)
@@ -854,3 +865,50 @@ def test_slices_of_each_rows_own_axes_run_on_rows_and_padded(backend):
     session = autobatch.InferenceSession(along, backend=backend, alone_when_faster=False)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)])
     assert session.stats.report.scheduler != "instance axis" and "Slice" in session.axis_batches.refusal
+
+
+def test_relative_positions_and_a_reshape_of_two_length_axes_run_padded(backend):
+    """DeBERTa's disentangled attention: scores by relative position picked from a per-row table
+    by indices made from the length (a GatherElements along the table's own axis, its indices
+    given per mix, padded with 0); BLOOM's ALiBi: scores ``[1, L, L]`` reshaped to ``[1, 1, L, L]``
+    (two length axes, the axes before them regrouped). Every mix planned once; a
+    GatherElements along the length is refused, planned per mix."""
+    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        sh = Shape(x)
+        n = Gather(sh, one0)
+        r = Range(zero0, n, one0)
+        a = Unsqueeze(r, one)
+        b = Unsqueeze(r, zero)
+        d = Sub(a, b)
+        d3 = Add(d, three)
+        c = Clip(d3, zero0, five)
+        idx = Unsqueeze(c, zero)
+        rel = MatMul(x, R)
+        picked = GatherElements<axis = 2>(rel, idx)
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        scores = Add(s, picked)
+        n1 = Unsqueeze(n, zero)
+        four_d = Concat<axis = 0>(ones2, n1, n1)
+        s4 = Reshape(scores, four_d)
+        p = Softmax(s4)
+        x4 = Unsqueeze(x, zero)
+        y4 = MatMul(p, x4)
+        y = Squeeze(y4, zero) }""", one0=np.array(1, np.int64), zero0=np.array(0, np.int64), three=np.array(3, np.int64),
+                   five=np.array(5, np.int64), ones2=np.ones(2, np.int64), **_I,
+                   R=np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32))
+    for chunks, report in _two_mixes_planned_once(model, backend, 4):
+        assert report.launches_by_op["GatherElements"] == report.launches_by_op["Reshape"] == chunks
+    rng = np.random.default_rng(35)
+    along = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        i = Cast<to = 7>(s)
+        z = Mul(i, zero0)
+        picked = GatherElements<axis = 1>(s, z)
+        y = MatMul(picked, x) }""", zero0=np.array(0, np.int64))
+    session = autobatch.InferenceSession(along, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)])
+    assert session.stats.report.scheduler != "instance axis" and "GatherElements" in session.axis_batches.refusal

@@ -276,6 +276,26 @@ def test_a_decoder_with_rotary_embeddings_runs_every_mix_as_one_graph(tmp_path, 
         exports.export(exports.LastHidden(model).eval(), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("name", ["deberta-v2", "bloom"])
+def test_attention_by_relative_positions_or_alibi_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
+    """DeBERTa-v2 (and v3) adds scores picked by relative position (GatherElements of a table of
+    each row by indices made from the length, given per mix, padded with 0); BLOOM adds ALiBi
+    biases and reshapes its scores ``[H, L, L]`` to ``[1, H, L, L]``: every mix runs as one graph."""
+    transformers = pytest.importorskip("transformers")
+    if name == "deberta-v2":
+        model = transformers.DebertaV2Model(transformers.DebertaV2Config(
+            vocab_size=exports.VOCABULARY, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=128, relative_attention=True, position_buckets=32,
+            pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True, max_relative_positions=-1))
+    else:
+        model = transformers.BloomModel(transformers.BloomConfig(vocab_size=exports.VOCABULARY, hidden_size=32,
+                                                                 n_layer=2, n_head=4))
+    assert_masked_mixes_run_as_one_graph(
+        exports.export(exports.LastHidden(model).eval(), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)
+
+
 @pytest.mark.parametrize("name", ["lstm", "cnn"])
 def test_the_benchmarks_padded_export_runs_a_padded_batch(tmp_path, name):
     """The other system of ``benchmarks.exported_models``: the model exported for a padded batch
