@@ -251,12 +251,23 @@ class _Lowering:
                 self.node("Expand", [inputs[0], self.padded_shape((1, *step.broadcast), k, f"{out}/shape/chunk{k}")],
                           f"{out}/chunk{k}")
                 continue
-            self.nodes.append(helper.make_node(record.op_type, inputs, [f"{n}/chunk{k}" if n else n for n in record.outputs],
-                                               domain=record.domain or None,
+            outputs = [f"{n}/chunk{k}" if n else n for n in record.outputs]
+            if step.merged:  # the instance's batch axis of 1 and the chunk's as one (a Conv's N)
+                inputs[0] = self.squeezed(inputs[0], f"{out}/merged{k}")
+                outputs[0] = f"{out}/merged/chunk{k}"
+            self.nodes.append(helper.make_node(record.op_type, inputs, outputs, domain=record.domain or None,
                                                **_batched_attributes(record, len(self.plan.patterns.get(
                                                    record.inputs[0], self.plan.patterns[out])), self.plan.opset)))
+            if step.merged:
+                self.unsqueezed(outputs[0], [1], f"{out}/chunk{k}")
         self.zeros[out] = self._zeros_after(record, step)  # (once its inputs are converted: theirs known)
         self.padded.update(name for name in record.outputs if name)
+
+    def squeezed(self, name: str, output: str) -> str:
+        """``name`` without its axis 1 (of size 1)."""
+        if self.plan.opset < 13:
+            return self.node("Squeeze", [name], output, axes=[1])
+        return self.node("Squeeze", [name, self.constant("instance_axis/axis1", np.array([1], np.int64))], output)
 
     def padded_shape(self, dims: Sequence[int | None], k: int, name: str) -> str:
         """A shape of chunk ``k``: ``dims``, each None the chunk's longest."""

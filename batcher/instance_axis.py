@@ -97,6 +97,7 @@ class Step:
     component: int | None = None  # a GatherND's (``GATHER``, ``PICKED``): the entry of its index tuples that is a position
     axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
     sliced: tuple[int, ...] | None = None  # a padded Slice's axes (an input, one further right too)
+    merged: bool = False  # a padded Conv's: the instance's batch axis of 1 merged with the chunk's
     position: int | None = None  # a ``PICK``'s position along the length (negative: from the end)
     reduced: int | None = None  # a ``POOLED``'s axis: the length's; a ``CONCAT``'s
 
@@ -278,7 +279,7 @@ def probe(instances: Sequence[InstanceRecords], inputs: Sequence[str], outputs: 
             if fed_as.setdefault(name, {}).setdefault(step.kind == PADDED, pattern) != pattern or \
                     indices.setdefault(name, positions) != positions:
                 return refuse(f"{where} reads a constant given per mix that another node reads otherwise")
-        if step.kind != PADDED:  # what it reads in the padded layout goes back to rows
+        if step.kind not in (PADDED, POOLED):  # what it reads in the padded layout goes back to rows
             if any(name in padded and _rows_axis(patterns[name]) is None for name in a.inputs):
                 return refuse(f"{where} reads a padded value that has no rows")
         steps.append(step)
@@ -395,7 +396,7 @@ def _concat_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
 
 def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
                  patterns: dict[str, Pattern]) -> Step | None:
-    """A sum, mean, max or min over the length of a value in rows (its only length axis), or the
+    """A sum, mean, max or min over the length of a value (its only length axis), or the
     position of the first max or min: each instance's, a value of one row an instance, computed
     in padded chunks (padded positions 0 for a sum or mean, whose count is each instance's own;
     the lowest or highest value for a max or min, or their positions: a padded position comes
@@ -413,7 +414,7 @@ def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         if record.inputs[1] not in weights or record.inputs[1] in fed:
             return None
         axes = weights[record.inputs[1]].tolist()
-    if data is None or out is None or axes is None or _rows_axis(data) is None or out[:1] != (1,) or None in out:
+    if data is None or out is None or axes is None or data.count(None) != 1 or out[:1] != (1,) or None in out:
         return None
     axis = data.index(None)
     if sorted(a % len(data) for a in np.atleast_1d(axes)) != [axis]:
@@ -524,6 +525,12 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         if record_attribute(record, "reverse", 0) and data[0][axis] is None:  # past the end, padding would count
             step.zeroed = {0: axis}
         step.axis_input = axis
+        return step
+    if op == "Conv" and list(data) == [0]:  # (a text CNN: a convolution along the length, as long as its input)
+        x = data[0]
+        if len(x) != 3 or x[0] != 1 or x[2] is not None or outs[0][2] is not None:
+            return refuse("a Conv other than along the length of an instance's [1, C, L]")
+        step.zeroed, step.merged = {0: 2}, True  # (its padding: zeros past the length, as the instance's own)
         return step
     if op == "GatherElements" and list(data) == [0]:  # (DeBERTa's scores by relative positions, given per mix)
         axis = record_attribute(record, "axis", 0) % rank

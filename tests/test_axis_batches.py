@@ -912,3 +912,34 @@ def test_relative_positions_and_a_reshape_of_two_length_axes_run_padded(backend)
     session = autobatch.InferenceSession(along, backend=backend, alone_when_faster=False)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)])
     assert session.stats.report.scheduler != "instance axis" and "GatherElements" in session.axis_batches.refusal
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_a_convolution_along_the_length_runs_padded(backend, dilation):
+    """A text CNN: a Conv along the length of ``[1, C, L]`` (as long as its input; its padded
+    positions zeroed first, as the instance's own padding), on each chunk with the chunk as its
+    batch, then a max over the length: every mix planned once. A Conv of stride 2 (its output
+    not of the instance's length) is planned per mix."""
+    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, 3] y, float[1, L, 6] h) {{
+        t = Transpose<perm = [0, 2, 1]>(x)
+        shifted = Add(t, half)
+        c = Conv<kernel_shape = [3], pads = [{dilation}, {dilation}], dilations = [{dilation}]>(shifted, W, B)
+        r = Relu(c)
+        h = Transpose<perm = [0, 2, 1]>(r)
+        m = ReduceMax<keepdims = 0, axes = [-1]>(r)
+        y = MatMul(m, head) }}""", half=np.array(0.5, np.float32),
+                   W=np.random.default_rng(8).standard_normal((6, 4, 3)).astype(np.float32),
+                   B=np.random.default_rng(9).standard_normal(6).astype(np.float32),
+                   head=np.random.default_rng(10).standard_normal((6, 3)).astype(np.float32))
+    for chunks, report in _two_mixes_planned_once(model, backend, 4):
+        assert report.launches_by_op["Conv"] == report.launches_by_op["ReduceMax"] == chunks
+    strided = _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, 6] y) {
+        t = Transpose<perm = [0, 2, 1]>(x)
+        c = Conv<kernel_shape = [3], pads = [1, 1], strides = [2]>(t, W)
+        y = ReduceMax<keepdims = 0, axes = [-1]>(c) }""", W=np.random.default_rng(8).standard_normal((6, 4, 3)).astype(np.float32))
+    session = autobatch.InferenceSession(strided, backend=backend, alone_when_faster=False)
+    rng = np.random.default_rng(36)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)])
+    assert session.stats.report.scheduler != "instance axis"

@@ -296,6 +296,30 @@ def test_attention_by_relative_positions_or_alibi_runs_every_mix_as_one_graph(tm
         exports.export(exports.LastHidden(model).eval(), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_text_cnn_runs_every_mix_as_one_graph(tmp_path, dynamo, backend):
+    """A text CNN (Kim's: embeddings, a Conv1d along the length, a max over it, a linear layer):
+    the convolution runs padded, a chunk its batch, its padded positions zeros as the text's own
+    padding; every mix one graph."""
+
+    class TextCNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Embedding(exports.VOCABULARY, 16)
+            self.conv = torch.nn.Conv1d(16, 24, 3, padding=1)
+            self.out = torch.nn.Linear(24, 4)
+
+        def forward(self, ids):
+            return self.out(torch.relu(self.conv(self.embedding(ids).transpose(1, 2))).max(-1).values)
+
+    torch.manual_seed(0)
+    path = exports.export(TextCNN().eval(), tmp_path / "textcnn.onnx", dynamo=dynamo)
+    session = run_and_compare(path, backend)
+    assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+    assert session.stats.report.launches_by_op["Conv"] == 1
+
+
 @pytest.mark.parametrize("name", ["lstm", "cnn"])
 def test_the_benchmarks_padded_export_runs_a_padded_batch(tmp_path, name):
     """The other system of ``benchmarks.exported_models``: the model exported for a padded batch
