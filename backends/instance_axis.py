@@ -284,8 +284,10 @@ class _Lowering:
         if step.key_mask is not None and record.op_type == "Softmax":
             return {step.key_mask}
         source = self._zeros_of(record.inputs[0]) if record.inputs else set()
-        if step.target is not None and len(source) == 1:
-            return {self.plan.patterns[record.outputs[0]].index(None)}
+        if step.target is not None:  # a reshape keeps each length axis's positions: the k-th stays the k-th
+            before, after = ([a for a, d in enumerate(self.plan.patterns[name]) if d is None]
+                             for name in (record.inputs[0], record.outputs[0]))
+            return {after[before.index(axis)] for axis in source if axis in before}
         if record.op_type == "Transpose":
             perm = list(record_attribute(record, "perm", []))
             return {perm.index(axis) for axis in source}
@@ -426,6 +428,9 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
     members = chunk_members(lengths, CHUNK)  # (a padded layout needs no more of the chunks than who is in each)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for name, size in plan.bounded.items():  # (a padded position reads index 0: past the axis, an error for all)
+        if any(np.any((c[name] < -size) | (c[name] >= size)) for c in constants):
+            raise PositionOutOfRange(f"GatherElements indices {name!r} reach past an axis of {size}")
     for name, layouts in plan.fed.items():
         for padded, pattern in layouts.items():
             arrays = [aligned(c[name], pattern) for c in constants]

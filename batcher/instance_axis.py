@@ -148,6 +148,14 @@ class InstanceAxisPlan:
         return any(step.kind == PICKED for step in self.steps)
 
     @functools.cached_property
+    def bounded(self) -> dict[str, int]:
+        """The indices given per mix of a padded GatherElements, and the size of the axis they
+        index (a mix's feeds check them: past it, only that instance fails alone)."""
+        return {record.inputs[1]: self.patterns[record.inputs[0]][record_attribute(record, "axis", 0) % len(
+            self.patterns[record.inputs[0]])] for record, step in zip(self.records, self.steps)
+            if step.kind == PADDED and record.op_type == "GatherElements" and record.inputs[1] in step.fed}
+
+    @functools.cached_property
     def pooled(self) -> bool:
         return any(step.kind == POOLED for step in self.steps)
 
@@ -528,8 +536,8 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         return step
     if op == "Conv" and list(data) == [0]:  # (a text CNN: a convolution along the length, as long as its input)
         x = data[0]
-        if len(x) != 3 or x[0] != 1 or x[2] is not None or outs[0][2] is not None:
-            return refuse("a Conv other than along the length of an instance's [1, C, L]")
+        if len(x) != 3 or x[0] != 1 or x[1] is None or x[2] is not None or outs[0][2] is not None or fed:
+            return refuse("a Conv other than along the length of an instance's [1, C, L] by shared weights")
         step.zeroed, step.merged = {0: 2}, True  # (its padding: zeros past the length, as the instance's own)
         return step
     if op == "GatherElements" and list(data) == [0]:  # (DeBERTa's scores by relative positions, given per mix)

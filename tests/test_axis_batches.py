@@ -687,6 +687,29 @@ REVIEWED = {
         h = Add(x, pe)
         t = Unsqueeze(x, zero)
         e = Add(t, pe) }""", P=_P, **_I), None),  # (refused once; now a feed in each layout)
+    "a reshape of two length axes keeps each one's zeros (a review found its key axis's taken for the query's)": (
+        _model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        s2 = Squeeze(s, zero)
+        p2 = Softmax(s2)
+        p = Unsqueeze(p2, zero)
+        pt = Transpose<perm = [0, 2, 1]>(p)
+        q = MatMul(pt, p)
+        y = MatMul(q, x) }""", **_I), None),
+    "a Conv by a weight of each length's own": (_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        k = Transpose<perm = [0, 2, 1]>(x)
+        s = MatMul(x, k)
+        sh = Shape(x)
+        n = Slice(sh, one, two)
+        ws = Concat<axis = 0>(six, n, one)
+        w = Expand(ones3, ws)
+        c = Conv<kernel_shape = [1]>(s, w)
+        c6 = Slice(c, zero, one, one)
+        ct = Transpose<perm = [0, 2, 1]>(c6)
+        y = Mul(x, ct) }""", **_I, six=np.array([6], np.int64), ones3=np.ones((6, 1, 1), np.float32)), "by shared weights"),
     "a bool reduced over the length (opset 20)": (_model("""<ir_version: 9, opset_import: ["" : 20]>
         g (float[1, L, 4] x) => (bool[1, 4] y, float[1, L, 4] z) {
         b = Greater(x, zero)
@@ -867,14 +890,11 @@ def test_slices_of_each_rows_own_axes_run_on_rows_and_padded(backend):
     assert session.stats.report.scheduler != "instance axis" and "Slice" in session.axis_batches.refusal
 
 
-def test_relative_positions_and_a_reshape_of_two_length_axes_run_padded(backend):
-    """DeBERTa's disentangled attention: scores by relative position picked from a per-row table
-    by indices made from the length (a GatherElements along the table's own axis, its indices
-    given per mix, padded with 0); BLOOM's ALiBi: scores ``[1, L, L]`` reshaped to ``[1, 1, L, L]``
-    (two length axes, the axes before them regrouped). Every mix planned once; a
-    GatherElements along the length is refused, planned per mix."""
-    model = _model("""<ir_version: 8, opset_import: ["" : 17]>
-        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+def _relative_scores(rest: str, top: int) -> onnx.ModelProto:
+    """Attention scores plus scores by relative position (DeBERTa's): a table of each row, picked
+    by indices made from the length (``i - j + 3`` clipped to ``0..top``), then ``rest``."""
+    return _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {{
         sh = Shape(x)
         n = Gather(sh, one0)
         r = Range(zero0, n, one0)
@@ -882,22 +902,31 @@ def test_relative_positions_and_a_reshape_of_two_length_axes_run_padded(backend)
         b = Unsqueeze(r, zero)
         d = Sub(a, b)
         d3 = Add(d, three)
-        c = Clip(d3, zero0, five)
+        c = Clip(d3, zero0, top)
         idx = Unsqueeze(c, zero)
         rel = MatMul(x, R)
         picked = GatherElements<axis = 2>(rel, idx)
         k = Transpose<perm = [0, 2, 1]>(x)
         s = MatMul(x, k)
-        scores = Add(s, picked)
+        scores = Add(s, picked){rest} }}""", one0=np.array(1, np.int64), zero0=np.array(0, np.int64),
+                  three=np.array(3, np.int64), top=np.array(top, np.int64), ones2=np.ones(2, np.int64), **_I,
+                  R=np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32))
+
+
+def test_relative_positions_and_a_reshape_of_two_length_axes_run_padded(backend):
+    """DeBERTa's disentangled attention: scores by relative position picked from a per-row table
+    by indices made from the length (a GatherElements along the table's own axis, its indices
+    given per mix, padded with 0); BLOOM's ALiBi: scores ``[1, L, L]`` reshaped to ``[1, 1, L, L]``
+    (two length axes, the axes before them regrouped). Every mix planned once; a
+    GatherElements along the length is refused, planned per mix."""
+    model = _relative_scores("""
         n1 = Unsqueeze(n, zero)
         four_d = Concat<axis = 0>(ones2, n1, n1)
         s4 = Reshape(scores, four_d)
         p = Softmax(s4)
         x4 = Unsqueeze(x, zero)
         y4 = MatMul(p, x4)
-        y = Squeeze(y4, zero) }""", one0=np.array(1, np.int64), zero0=np.array(0, np.int64), three=np.array(3, np.int64),
-                   five=np.array(5, np.int64), ones2=np.ones(2, np.int64), **_I,
-                   R=np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32))
+        y = Squeeze(y4, zero)""", top=5)
     for chunks, report in _two_mixes_planned_once(model, backend, 4):
         assert report.launches_by_op["GatherElements"] == report.launches_by_op["Reshape"] == chunks
     rng = np.random.default_rng(35)
@@ -943,3 +972,21 @@ def test_a_convolution_along_the_length_runs_padded(backend, dilation):
     rng = np.random.default_rng(36)
     assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)])
     assert session.stats.report.scheduler != "instance axis"
+
+
+def test_gather_elements_indices_past_their_axis_fail_that_instance_alone_and_keep_the_plan(backend):
+    """Relative positions clipped to 0..9 index a table of 6: in range up to length 3, past it
+    at 5. The batch with a text of 5 fails (that text alone fails too) and is planned per mix;
+    the node-level plan stays for the next batch (a review found it dropped for the session)."""
+    model = _relative_scores("""
+        p = Softmax(scores)
+        y = MatMul(p, x)""", top=9)
+    rng = np.random.default_rng(37)
+    texts = lambda lengths: [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in lengths]  # noqa: E731
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, texts([3, 2]))
+    with pytest.raises(Exception):  # noqa: B017 - the instance's own error, whichever its backend raises
+        session.run_batch(None, texts([2, 3, 5]))
+    assert session.axis_batches.refusal is None
+    assert_batched_equals_alone(session, texts([3, 2, 3, 1]))
+    assert session.stats.report.scheduler == "instance axis"
