@@ -283,6 +283,30 @@ def found(p: Program) -> None:  # GPT-2's classifier: each instance's row at the
     p.add(p.node("Tanh", [p.node("MatMul", [row, p.weight(b.cols, cols)])]), (0, 1), cols, sums=True)
 
 
+def conv(p: Program) -> None:  # a text CNN's convolution along the rows: Conv1d over [1, cols, rows], as long
+    a = p.pick()
+    kernel, dilation = p.rng.choice((1, 3, 5)), p.rng.choice((1, 2))
+    pad = dilation * (kernel - 1) // 2
+    x = p.node("Unsqueeze", [p.node("Transpose", [a.name], perm=[1, 0]), p.constant(_ints(0))])
+    cols = p.rng.randint(1, 6)
+    y = p.node("Conv", [x, p.weight(cols, a.cols, kernel), p.weight(cols)], kernel_shape=[kernel], pads=[pad, pad],
+               dilations=[dilation])
+    p.add(p.node("Transpose", [p.node("Squeeze", [y, p.constant(_ints(0))])], perm=[1, 0]), a.rows, cols, sums=True)
+
+
+def regrouped(p: Program) -> None:  # attention whose scores gain an axis before their two of rows (ALiBi's [1, H, L, L])
+    a = p.pick()
+    b = p.pick([v for v in p.floats() if v.cols == a.cols])
+    scores = p.node("Unsqueeze", [p.node("MatMul", [a.name, p.node("Transpose", [b.name], perm=[1, 0])]),
+                                  p.constant(_ints(0))])
+    weights = p.node("Squeeze", [p.node("Softmax", [scores], axis=-1), p.constant(_ints(0))])
+    rows = a.rows
+    if p.rng.random() < 0.5:  # P^T P: a product over the queries' rows too
+        weights, rows = p.node("MatMul", [p.node("Transpose", [weights], perm=[1, 0]), weights]), b.rows
+    c = p.pick([v for v in p.floats() if v.rows == b.rows])
+    p.add(p.node("MatMul", [weights, c.name]), rows, c.cols, sums=True)
+
+
 def column(p: Program) -> None:  # each row by one column of its own: [rows, cols] op [rows, 1] (a masked mean's Div)
     a = p.pick()
     first = p.node("Gather", [a.name, p.constant(_ints(p.rng.randrange(a.cols)))], axis=1)  # [rows, 1]
@@ -370,7 +394,8 @@ STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {
 # recorded seed still makes its program.
 LATER_STEPS: dict[str, tuple[float, Callable[[Program], None]]] = {"select": (0.7, select), "mask_pick": (1, mask_pick),
                                                                    "pool": (0.7, pool), "column": (1, column),
-                                                                   "found": (0.7, found)}
+                                                                   "found": (0.7, found), "conv": (0.7, conv),
+                                                                   "regrouped": (0.7, regrouped)}
 
 
 # The steps a model planned once per node takes (``batcher.instance_axis``): the programs of

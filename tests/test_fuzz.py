@@ -98,6 +98,18 @@ def test_random_programs_with_rows_found_by_an_argmax():
         assert outcome.ops["ArgMax"] and outcome.ops["ArgMin"] and outcome.ops["GatherND"], report(outcomes)
 
 
+def test_random_programs_with_convolutions_and_regrouped_scores():
+    """A text CNN's convolution along the rows (Conv1d over ``[1, cols, rows]``, as long as its
+    input) and attention scores regrouped with their two axes of rows (``[1, L, L]``; a product
+    over the queries' rows too, ``P^T P``), among the steps a node-level plan takes: batched
+    equal to alone, most batches planned once per node."""
+    outcomes = fuzz(range(9_600_000, 9_600_100), BACKENDS, kinds=(*NODE_LEVEL, "conv", "regrouped"))
+    for outcome in outcomes.values():
+        assert not outcome.mismatches and not outcome.errors, report(outcomes)
+        assert outcome.node_level > 0.3 * 3 * outcome.programs, report(outcomes)
+        assert outcome.ops["Conv"] and outcome.ops["Squeeze"], report(outcomes)
+
+
 def test_random_programs_with_rows_by_a_column_of_their_own():
     """Each row by one column of its own (``[rows, cols]`` op ``[rows, 1]``, a masked mean's sum
     by its count), among every step and among the steps a node-level plan takes."""

@@ -212,6 +212,8 @@ CONV_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
     ((1, 3, 9, 10), (5, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
     ((1, 4, 6, 7), (8, 2, 1, 1), {"group": 2}),  # 1x1: the matmul-only path
     ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1], "strides": [1, 2, 1]}),
+    ((1, 4, 0), (2, 4, 3), {"pads": [1, 1]}),  # a text of no tokens (the fuzzer's)
+    ((1, 4, 0), (2, 4, 1), {}),  # and by the matmul-only path
 ]
 
 

@@ -117,7 +117,7 @@ def _grouped_matmul(filters: np.ndarray, cols: np.ndarray, groups: int) -> np.nd
     n, rows, length = cols.shape
     filters = filters.reshape(groups, filters.shape[0] // groups, -1)  # (G, Mg, Cg * K)
     y = np.matmul(filters, cols.reshape(n, groups, rows // groups, length))  # (n, G, Mg, L)
-    return y.reshape(n, -1, length)
+    return y.reshape(n, y.shape[1] * y.shape[2], length)  # (sizes given: a length of 0 leaves -1 undecided)
 
 
 def _conv_block(padded: np.ndarray, weight: np.ndarray, w: _Windows, groups: int, rows: range) -> np.ndarray:
@@ -129,15 +129,16 @@ def _conv_block(padded: np.ndarray, weight: np.ndarray, w: _Windows, groups: int
     cols = np.empty((n, channels, taps, *out_shape), dtype=padded.dtype)
     for k, tap in enumerate(w.taps(padded, rows)):
         cols[:, :, k] = tap
-    y = _grouped_matmul(weight.reshape(weight.shape[0], -1), cols.reshape(n, channels * taps, -1), groups)
-    return y.reshape(n, -1, *out_shape)
+    y = _grouped_matmul(weight.reshape(weight.shape[0], -1), cols.reshape(n, channels * taps, math.prod(out_shape)),
+                        groups)
+    return y.reshape(n, weight.shape[0], *out_shape)
 
 
 def _conv(x: np.ndarray, weight: np.ndarray, w: _Windows, groups: int) -> np.ndarray:
     if _is_pointwise(w):  # a 1x1 convolution needs no im2col
         n, channels = x.shape[:2]
-        y = _grouped_matmul(weight.reshape(weight.shape[0], -1), x.reshape(n, channels, -1), groups)
-        return y.reshape(n, -1, *x.shape[2:])
+        y = _grouped_matmul(weight.reshape(weight.shape[0], -1), x.reshape(n, channels, math.prod(x.shape[2:])), groups)
+        return y.reshape(n, weight.shape[0], *x.shape[2:])
     padded = w.pad(x, 0)
     n = x.shape[0]
     y = np.empty((n, weight.shape[0], *w.out_shape), dtype=np.result_type(x, weight))
