@@ -13,7 +13,7 @@ import onnx
 from autobatch.backends import FeedError, evaluate
 from autobatch.backends.control_flow import CONTROL_FLOW
 from autobatch.backends.ort_runtime import might_abort_onnxruntime
-from autobatch.batcher.constants import constants_to_initializers, fold_known_values, fold_rearranged_weights
+from autobatch.batcher.constants import constants_to_initializers, fold_known_values, fold_weights_alone
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.instances import InstanceRecords, alike, instance_records, mix_records
 from autobatch.batcher.plan import FlatPlan, TemplateCache
@@ -64,7 +64,7 @@ class ModelInstances:
         # the values of a control-flow instance -> its graph
         self._unrolled = Budgeted(1 << 30, UNROLLED_NODES_KEPT, len)
         self._constants = SharedConstants()
-        self.rearranged: dict[str, Any] = {}  # weights rearranged by the model's nodes, by name (``typed_instance``)
+        self.weights_alone: dict[str, Any] = {}  # what the model computes of its weights alone, by name (``typed_instance``)
 
     def graph_of(self, feeds: Mapping[str, Any]) -> Graph:
         """The model with its inputs' concrete types and every value's shape inferred; a model
@@ -84,7 +84,7 @@ class ModelInstances:
         graph = self.typed.get(key)
         if graph is None:
             graph = typed_instance(self.graph, {name: type_of_value(value) for name, value in feeds.items()},
-                                   self.rearranged)
+                                   self.weights_alone)
             self.typed[key] = graph = self._constants.share(graph)
         return graph
 
@@ -117,12 +117,12 @@ def _aborts_onnxruntime(graph: Graph) -> bool:
 
 
 def typed_instance(graph: Graph, input_types: Mapping[str, ValueType], weights: dict[str, Any] | None = None) -> Graph:
-    """A copy of ``graph`` (Constant nodes made initializers, and what only rearranges weights:
+    """A copy of ``graph`` (Constant nodes made initializers, and what it computes of its weights alone:
     ``weights`` keeps those values for the next copy) with these input types and every other
     value's shape inferred from them: declared shapes are hints, which would size slots."""
     graph = Graph.union([graph], rename=lambda _k, name: name)
     constants_to_initializers(graph)
-    fold_rearranged_weights(graph, evaluate, weights)
+    fold_weights_alone(graph, evaluate, weights)
     for value in graph.values.values():
         if value.const is None and value.type is not None:
             value.type = ValueType(_without_shapes(value.type.proto))

@@ -77,6 +77,11 @@ class _Lowering:
         return output
 
     def constant(self, name: str, array: np.ndarray) -> str:
+        """A constant of the lowering's own, named apart from every value of the model's (a weight
+        of the same name would replace it, or it the weight: a review found wrong results)."""
+        name = f"autobatch/{name}"
+        while name in self.plan.weights or name in self.plan.patterns:
+            name += "'"
         self.initializers[name] = array
         return name
 

@@ -61,7 +61,7 @@ def fold_known_values(graph: Graph, evaluate: Evaluate) -> int:
                 or any(name in graph.outputs for name in node.outputs):  # an output stays the instance's own
             continue
         values = _known_outputs(graph, node, evaluate)
-        if values is None or any(np.asarray(value).size > FOLD_LIMIT for value in values):
+        if values is None or any(np.asarray(value).size > FOLD_LIMIT for value in values) and not _of_a_big_weight(graph, node):
             continue
         graph.remove_nodes([node.id])
         for name, value in zip(node.outputs, values):
@@ -71,35 +71,69 @@ def fold_known_values(graph: Graph, evaluate: Evaluate) -> int:
     return folded
 
 
-# Ops that only rearrange or retype their input, exactly: of the model's own weights alone (the
-# legacy exporter's Identity of a tied weight, dynamo's Transpose of one), their value is another
-# weight, whatever its size.
-REARRANGING = frozenset({"Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast"})
+# Ops whose output, of the model's own weights alone, is no bigger than their biggest input: a
+# rearranged, retyped or sliced weight (the legacy exporter's Identity of a tied weight, dynamo's
+# Transpose of one), one normalized or mapped element by element (DeBERTa's LayerNorm of its
+# relative embeddings, then a slice of them), projected or added to (their projections to keys
+# and queries). Folded whatever their size: their value is another weight.
+REARRANGING = frozenset({"Identity", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast", "Slice"})
+NORMALIZING = frozenset({"LayerNormalization", "Softmax", "LogSoftmax", "Abs", "Neg", "Relu", "Tanh", "Sigmoid",
+                         "Exp", "Log", "Sqrt", "Reciprocal", "Erf"})
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where"})
 
 
-def fold_rearranged_weights(graph: Graph, evaluate: Evaluate, memo: dict[str, Any] | None = None) -> int:
-    """Make constants of the nodes that rearrange constants (``REARRANGING``), before anything
-    is folded from shapes: over ``FOLD_LIMIT`` elements, typing would leave them computed, and a
-    batch could not read them as weights (a language model's tied output projection). ``memo``
-    keeps each value by name across the graphs typed for one model, so that it is computed once
-    and its array shared. Returns how many nodes were folded."""
+def _no_bigger(graph: Graph, node: Node) -> bool:
+    """Whether the node's output is no bigger than its biggest input (told before evaluating it)."""
+    if node.op_type in REARRANGING or node.op_type in NORMALIZING:
+        return True
+    shapes = [np.shape(graph.values[name].const) for name in node.inputs]
+    try:
+        if node.op_type == "MatMul" and len(shapes) == 2 and min(map(len, shapes)) >= 2:  # (a weight projected)
+            out = (*np.broadcast_shapes(shapes[0][:-2], shapes[1][:-2]), shapes[0][-2], shapes[1][-1])
+        elif node.op_type in BROADCASTING:
+            out = np.broadcast_shapes(*shapes)
+        elif node.op_type == "Expand" and len(shapes) == 2 and len(shapes[1]) == 1:  # (to a shape: of the same size)
+            out = np.broadcast_shapes(shapes[0], tuple(int(d) for d in graph.values[node.inputs[1]].const))
+        elif node.op_type == "Tile" and len(shapes) == 2 and shapes[1] == (len(shapes[0]),):  # (repeated once)
+            out = tuple(d * int(r) for d, r in zip(shapes[0], graph.values[node.inputs[1]].const))
+        else:
+            return False
+    except ValueError:  # (shapes that do not broadcast: its own error, at run time)
+        return False
+    return int(np.prod(out)) <= max(int(np.prod(shape)) for shape in shapes)
+
+
+def fold_weights_alone(graph: Graph, evaluate: Evaluate, memo: dict[str, Any] | None = None) -> int:
+    """Make constants of the nodes that read constants alone and make no bigger a value
+    (``_no_bigger``), before anything is folded from shapes: over ``FOLD_LIMIT`` elements, typing
+    would leave them computed, and a batch could not read them as weights (a language model's
+    tied output projection). ``memo`` keeps each value by name across the graphs typed for one
+    model, so that it is computed once and its array shared. Returns how many nodes were folded."""
     folded = 0
     for node in graph.topological_order():
-        if node.domain or node.op_type not in REARRANGING or not node.inputs \
+        if node.domain or node.op_type in NONDETERMINISTIC or not node.inputs \
                 or any(not name or graph.values[name].const is None for name in node.inputs) \
-                or any(name in graph.outputs for name in node.outputs):
+                or any(name in graph.outputs for name in node.outputs) or not _no_bigger(graph, node):
             continue
         values = [memo[name] for name in node.outputs] if memo is not None and all(
-            name in memo for name in node.outputs) else evaluate(graph.subgraph([node.id]), {})
+            name in memo for name in node.outputs if name) else evaluate(graph.subgraph([node.id]), {})
         if values is None:
             continue
         graph.remove_nodes([node.id])
         for name, value in zip(node.outputs, values):
-            graph.add_initializer(name, value)
-            if memo is not None:
-                memo[name] = value
+            if name:
+                graph.add_initializer(name, value)
+                if memo is not None:
+                    memo[name] = value
         folded += 1
     return folded
+
+
+def _of_a_big_weight(graph: Graph, node: Node) -> bool:
+    """Whether a node of constant inputs makes a value no bigger than a constant it reads over
+    ``FOLD_LIMIT`` (a weight expanded to a shape folded from an input's: the same for every
+    length): folded, as the weight itself is, not left computed."""
+    return any(np.size(graph.values[name].const) > FOLD_LIMIT for name in node.inputs if name) and _no_bigger(graph, node)
 
 
 # The inputs that are shapes, not data: an empty one is a scalar's shape, not a value of nothing

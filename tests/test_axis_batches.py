@@ -710,6 +710,14 @@ REVIEWED = {
         c6 = Slice(c, zero, one, one)
         ct = Transpose<perm = [0, 2, 1]>(c6)
         y = Mul(x, ct) }""", **_I, six=np.array([6], np.int64), ones3=np.ones((6, 1, 1), np.float32)), "by shared weights"),
+    "a weight named as a constant the lowering makes (a review found it replaced: wrong results)": (_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, 4] y) {
+        a = Add(x, "y/zero0")
+        kt = Transpose<perm = [0, 2, 1]>(a)
+        s = MatMul(a, kt)
+        e = Exp(s)
+        y = MatMul(e, x) }""", **{"y/zero0": np.array(0.5, np.float32)}), None),
     "a bool reduced over the length (opset 20)": (_model("""<ir_version: 9, opset_import: ["" : 20]>
         g (float[1, L, 4] x) => (bool[1, 4] y, float[1, L, 4] z) {
         b = Greater(x, zero)
@@ -785,6 +793,33 @@ def test_a_recurrent_layer_with_initial_states_of_its_own_is_refused(backend, st
     session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
     assert_batched_equals_alone(session, batch)
     assert session.stats.report.scheduler != "instance axis" and session.axis_batches.refusal
+
+
+@pytest.mark.parametrize("body, folded", [
+    ("normed = LayerNormalization<axis = -1>(table, scale, bias)\n        tied = Transpose<perm = [1, 0]>(normed)", True),
+    ("wide = Add(column, row)\n        tied = Slice(wide, zero, four, zero)", False),  # ([V, 1] + [1, V]: not folded)
+])
+def test_what_the_model_computes_of_its_weights_alone_is_folded_unless_it_grows(backend, body, folded):
+    """A LayerNorm of a weight (DeBERTa's relative embeddings) over ``FOLD_LIMIT``: folded, and
+    the product by it a rows step (within 1e-5 of onnxruntime alone, which normalizes the weight
+    in its own summation order). A sum that broadcasts two weights to a far bigger value is
+    left computed (typing does not build it), and the model planned per mix: right results."""
+    from autobatch.batcher.constants import FOLD_LIMIT
+
+    words = FOLD_LIMIT // 4 + 1
+    rng = np.random.default_rng(11)
+    model = _model(f"""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 4] x) => (float[1, L, V] y) {{
+        {body}
+        y = MatMul(x, tied) }}""", table=rng.standard_normal((words, 4)).astype(np.float32),
+                   scale=np.ones(4, np.float32), bias=np.zeros(4, np.float32),
+                   column=rng.standard_normal((words, 1)).astype(np.float32)[:4],
+                   row=rng.standard_normal((1, words)).astype(np.float32), zero=_I["zero"], four=np.array([4], np.int64))
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False)
+    # (the weight normalized once by NumPy; onnxruntime alone normalizes it in its own order)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 4)).astype(np.float32)} for n in (3, 7, 5)],
+                                atol=1e-5)
+    assert (session.stats.report.scheduler == "instance axis") == folded, session.axis_batches.refusal
 
 
 def test_a_big_weight_rearranged_by_the_model_is_folded_once_and_read_as_a_weight(backend, monkeypatch):
