@@ -9,7 +9,8 @@ from pathlib import Path
 VOCABULARY = 100
 MASKED = "-mask"  # a model exported with its attention mask as an input too: "bert-mask"
 MODELS = ("lstm", "gru", "encoder", "bert", "gpt2", "cnn", "roberta", f"bert{MASKED}", f"gpt2{MASKED}",
-          f"roberta{MASKED}", f"llama{MASKED}", f"bert-cls{MASKED}", f"gpt2-cls{MASKED}")  # (-cls: the model's
+          f"roberta{MASKED}", f"llama{MASKED}", f"deberta{MASKED}", f"bloom{MASKED}", f"bert-cls{MASKED}",
+          f"gpt2-cls{MASKED}")  # (-cls: the model's
 # sequence classifier, ``exports.build``; Llama with its mask only: the legacy exporter fails on its
 # grouped-query attention without one)
 DYNAMO_ONLY = frozenset({"encoder"})  # the legacy exporter writes its head split for the traced length only

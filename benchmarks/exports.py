@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from benchmarks.export_files import DYNAMO_ONLY, MASKED, MODELS, VOCABULARY
 
 CLASSIFIER = "-cls"  # a model's sequence classifier: "bert-cls", "roberta-cls", "distilbert-cls"
 MEAN = "-mean"  # a model's sentence embedding, the mean of its real tokens' states: "bert-mean"
-__all__ = ["CLASSIFIER", "DYNAMO_ONLY", "MASKED", "MEAN", "MODELS", "VOCABULARY", "build", "export"]
+__all__ = ["CLASSIFIER", "DYNAMO_ONLY", "MASKED", "MEAN", "MODELS", "VOCABULARY", "build", "deberta_config", "export"]
 
 
 class Tagger(torch.nn.Module):
@@ -87,6 +88,16 @@ class MeanPooled(LastHidden):
         return (states * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
+def deberta_config(size: int, layers: int, buckets: int = 32) -> Any:
+    """DeBERTa-v2's (and v3's) config of width ``size``: its relative embeddings ``[2 * buckets, size]``."""
+    import transformers
+
+    return transformers.DebertaV2Config(
+        vocab_size=VOCABULARY, hidden_size=size, num_hidden_layers=layers, num_attention_heads=4,
+        intermediate_size=2 * size, max_position_embeddings=128, relative_attention=True, position_buckets=buckets,
+        pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", share_att_key=True, max_relative_positions=-1)
+
+
 def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
     """One of ``MODELS`` of width ``size``, in eval mode (``transformers`` needed for all but lstm, gru,
     encoder and cnn)."""
@@ -115,6 +126,11 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
         return LastHidden(transformers.LlamaModel(transformers.LlamaConfig(
             vocab_size=VOCABULARY, hidden_size=size, intermediate_size=2 * size, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))).eval()
+    if name == "deberta":  # (disentangled attention: scores by relative position)
+        return LastHidden(transformers.DebertaV2Model(deberta_config(size, layers))).eval()
+    if name == "bloom":  # (ALiBi)
+        return LastHidden(transformers.BloomModel(transformers.BloomConfig(
+            vocab_size=VOCABULARY, hidden_size=size, n_layer=layers, n_head=4))).eval()
     if name == "distilbert" and classifier:
         config = transformers.DistilBertConfig(vocab_size=VOCABULARY, dim=size, n_layers=layers, n_heads=4,
                                                hidden_dim=2 * size, max_position_embeddings=128, num_labels=3)

@@ -278,23 +278,18 @@ def test_a_decoder_with_rotary_embeddings_runs_every_mix_as_one_graph(tmp_path, 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("dynamo", [False, True])
-@pytest.mark.parametrize("name", ["deberta-v2", "deberta-v2-big", "bloom"])
+@pytest.mark.parametrize("name", ["deberta", "deberta-big", "bloom"])
 def test_attention_by_relative_positions_or_alibi_runs_every_mix_as_one_graph(tmp_path, name, dynamo, backend):
     """DeBERTa-v2 (and v3) adds scores picked by relative position (GatherElements of a table of
-    each row by indices made from the length, given per mix, padded with 0); BLOOM adds ALiBi
-    biases and reshapes its scores ``[H, L, L]`` to ``[1, H, L, L]``: every mix runs as one graph."""
+    each row by indices made from the length, given per mix, padded with 0; -big: its relative
+    embeddings over ``FOLD_LIMIT``, as at full size, normalized, projected and expanded, folded
+    once); BLOOM adds ALiBi biases and reshapes its scores ``[H, L, L]`` to ``[1, H, L, L]``:
+    every mix runs as one graph (the benchmark's builds, width 32)."""
     transformers = pytest.importorskip("transformers")
-    if name.startswith("deberta-v2"):  # (-big: its relative embeddings' LayerNorm over FOLD_LIMIT, as full size)
-        model = transformers.DebertaV2Model(transformers.DebertaV2Config(
-            vocab_size=exports.VOCABULARY, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=64, max_position_embeddings=128, relative_attention=True,
-            position_buckets=1100 if name.endswith("big") else 32, pos_att_type=["p2c", "c2p"],
-            norm_rel_ebd="layer_norm", share_att_key=True, max_relative_positions=-1))
-    else:
-        model = transformers.BloomModel(transformers.BloomConfig(vocab_size=exports.VOCABULARY, hidden_size=32,
-                                                                 n_layer=2, n_head=4))
-    assert_masked_mixes_run_as_one_graph(
-        exports.export(exports.LastHidden(model).eval(), tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True), backend)
+    model = exports.LastHidden(transformers.DebertaV2Model(exports.deberta_config(32, 2, buckets=1100))).eval() \
+        if name == "deberta-big" else exports.build(name)
+    assert_masked_mixes_run_as_one_graph(exports.export(model, tmp_path / f"{name}.onnx", dynamo=dynamo, mask=True),
+                                         backend)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
