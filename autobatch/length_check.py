@@ -33,7 +33,7 @@ from autobatch.ir.graph_tidy import without
 log = logging.getLogger("autobatch")
 
 
-def _fold_weights_alone(model: Graph, typed: Graph) -> None:
+def _weights_alone_as_typed(model: Graph, typed: Graph) -> None:
     """The nodes of ``model`` that read the model's constants alone (no input reaches them: a
     tied weight's Transpose, a LayerNorm of relative embeddings) made the constants typing
     folded them to: the same at every length, not evaluated again for each."""
@@ -58,7 +58,7 @@ class LengthCheck:
         self.plan = plan
         model = Graph.union([graph], rename=lambda _k, name: name)
         constants_to_initializers(model)
-        _fold_weights_alone(model, typed)
+        _weights_alone_as_typed(model, typed)
         known = {name for name, value in model.values.items() if value.const is not None}
         folded = {name for name, value in typed.values.items() if value.const is not None} - known
         # Every node typing folded (those of values it then dropped, unread, too): its inputs, the

@@ -105,7 +105,7 @@ class _Lowering:
             elif step.kind == PICKED:
                 self.picked(record, step.component)
             elif step.kind == CONCAT:
-                self.concat(record, step.reduced)
+                self.concat(record)
             elif step.kind == GATHER:  # its indices given offset to each instance's rows (``mix_feeds``)
                 self.nodes.append(helper.make_node(record.op_type, [self.rows(record.inputs[0]), record.inputs[1]],
                                                    record.outputs))
@@ -257,13 +257,14 @@ class _Lowering:
                           f"{out}/chunk{k}")
                 continue
             outputs = [f"{n}/chunk{k}" if n else n for n in record.outputs]
-            if step.merged:  # the instance's batch axis of 1 and the chunk's as one (a Conv's N)
+            merged = record.op_type == "Conv"  # (its N: the instance's batch axis of 1 and the chunk's as one)
+            if merged:
                 inputs[0] = self.squeezed(inputs[0], f"{out}/merged{k}")
                 outputs[0] = f"{out}/merged/chunk{k}"
             self.nodes.append(helper.make_node(record.op_type, inputs, outputs, domain=record.domain or None,
                                                **_batched_attributes(record, len(self.plan.patterns.get(
                                                    record.inputs[0], self.plan.patterns[out])), self.plan.opset)))
-            if step.merged:
+            if merged:
                 self.unsqueezed(outputs[0], [1], f"{out}/chunk{k}")
         self.zeros[out] = self._zeros_after(record, step)  # (once its inputs are converted: theirs known)
         self.padded.update(name for name in record.outputs if name)
@@ -332,10 +333,11 @@ class _Lowering:
         stacked = self.node("Concat", parts, f"{out}/chunks", axis=0) if len(parts) > 1 else parts[0]
         self.node("Gather", [stacked, INSTANCES], out, axis=0)
 
-    def concat(self, record: Any, axis: int) -> None:
+    def concat(self, record: Any) -> None:
         """A Concat of values in rows and shared constants of one row, each constant expanded
         to the rows of the first value (``CONCAT``)."""
         out = record.outputs[0]
+        axis = record_attribute(record, "axis", 0) % len(self.plan.patterns[out])
         first = self.rows(next(name for name in record.inputs if name in self.plan.patterns))
         shape = self.node("Shape", [first], f"{out}/rows_shape")
         ends = [self.constant(f"{out}/{name}", np.array([value], np.int64))
@@ -580,8 +582,8 @@ def _fill(op: str, dtype: np.dtype) -> Any:
     the lowest value (a max, an ArgMax) or the highest (a min, an ArgMin)."""
     if op not in ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin"):
         return 0
-    highest = np.inf if dtype.kind == "f" else np.iinfo(dtype).max
-    return highest if op in ("ReduceMin", "ArgMin") else -highest if dtype.kind == "f" else np.iinfo(dtype).min
+    lowest, highest = (-np.inf, np.inf) if dtype.kind == "f" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    return highest if op in ("ReduceMin", "ArgMin") else lowest
 
 
 def _info(name: str, pattern: tuple, size: str | None, elem_type: int) -> onnx.ValueInfoProto:

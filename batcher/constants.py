@@ -115,7 +115,7 @@ def fold_weights_alone(graph: Graph, evaluate: Evaluate, memo: dict[str, Any] | 
                 or any(not name or graph.values[name].const is None for name in node.inputs) \
                 or any(name in graph.outputs for name in node.outputs) or not _no_bigger(graph, node):
             continue
-        values = [memo[name] for name in node.outputs] if memo is not None and all(
+        values = [memo.get(name) for name in node.outputs] if memo is not None and all(
             name in memo for name in node.outputs if name) else evaluate(graph.subgraph([node.id]), {})
         if values is None:
             continue

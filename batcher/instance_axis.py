@@ -97,9 +97,8 @@ class Step:
     component: int | None = None  # a GatherND's (``GATHER``, ``PICKED``): the entry of its index tuples that is a position
     axis_input: int | None = None  # a padded CumSum's axis (an input, one further right in the padded layout)
     sliced: tuple[int, ...] | None = None  # a padded Slice's axes (an input, one further right too)
-    merged: bool = False  # a padded Conv's: the instance's batch axis of 1 merged with the chunk's
     position: int | None = None  # a ``PICK``'s position along the length (negative: from the end)
-    reduced: int | None = None  # a ``POOLED``'s axis: the length's; a ``CONCAT``'s
+    reduced: int | None = None  # a ``POOLED``'s axis: the length's
 
     @property
     def reads_constants(self) -> bool:
@@ -399,7 +398,7 @@ def _concat_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
     row = rows.pop()
     if axis <= row or any(len(shape) != len(out) or shape[row] != 1 for shape in shared):
         return None
-    return Step(CONCAT, reduced=axis)
+    return Step(CONCAT)
 
 
 def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[str, Pattern | None],
@@ -538,7 +537,7 @@ def _padded_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
         x = data[0]
         if len(x) != 3 or x[0] != 1 or x[1] is None or x[2] is not None or outs[0][2] is not None or fed:
             return refuse("a Conv other than along the length of an instance's [1, C, L] by shared weights")
-        step.zeroed, step.merged = {0: 2}, True  # (its padding: zeros past the length, as the instance's own)
+        step.zeroed = {0: 2}  # (its padding: zeros past the length, as the instance's own)
         return step
     if op == "GatherElements" and list(data) == [0]:  # (DeBERTa's scores by relative positions, given per mix)
         axis = record_attribute(record, "axis", 0) % rank
