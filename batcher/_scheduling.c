@@ -117,6 +117,58 @@ fail0:
     return result;
 }
 
+/* ------------------------------------------------------------------ live records */
+static PyObject *alive(PyObject *self, PyObject *args) {
+    PyObject *preds, *producers, *flags_o, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOO", &preds, &producers, &flags_o)) return NULL;
+    Py_buffer flags_view;
+    if (PyObject_GetBuffer(flags_o, &flags_view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    PyObject *all = PySequence_Fast(preds, "alive: preds must be a sequence");
+    PyObject *wanted = all == NULL ? NULL : PySequence_Fast(producers, "alive: producers must be a sequence");
+    if (wanted == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(all), count = 0;
+    char *flags = (char *)flags_view.buf;
+    if (flags_view.itemsize != 1 || flags_view.len != n) {
+        PyErr_SetString(PyExc_ValueError, "alive: flags must be bytes, one a node");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(wanted); k++) {
+        long long p = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(wanted, k));
+        if (p == -1 && PyErr_Occurred()) goto done;
+        if (p < 0 || p >= n) {
+            PyErr_Format(PyExc_ValueError, "alive: producer %lld is not a node", p);
+            goto done;
+        }
+        flags[p] = 1;
+    }
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {  /* predecessors come first: one backward pass */
+        if (!flags[i]) continue;
+        count++;
+        PyObject *read = PySequence_Fast(PySequence_Fast_GET_ITEM(all, i), "alive: a node's preds must be a sequence");
+        if (read == NULL) goto done;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(read); k++) {
+            long long p = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(read, k));
+            if (p == -1 && PyErr_Occurred()) {
+                Py_DECREF(read);
+                goto done;
+            }
+            if (p < 0 || p >= i) {
+                PyErr_Format(PyExc_ValueError, "alive: node %zd reads %lld, not an earlier node", i, p);
+                Py_DECREF(read);
+                goto done;
+            }
+            flags[p] = 1;
+        }
+        Py_DECREF(read);
+    }
+    result = PyLong_FromSsize_t(count);
+done:
+    Py_XDECREF(wanted);
+    Py_XDECREF(all);
+    PyBuffer_Release(&flags_view);
+    return result;
+}
+
 /* ------------------------------------------------------------------ levels */
 static PyObject *levels(PyObject *self, PyObject *args) {
     PyObject *starts_o, *sources_o, *sig_o, *out_o, *result = NULL;
@@ -399,6 +451,9 @@ static PyMethodDef module_methods[] = {
     {"depths", depths, METH_VARARGS,
      "depths(preds, depth, sources): problem._depths into depth (int64, a node each) and each node's preds, "
      "one after the other, into sources (int64, an edge each)."},
+    {"alive", alive, METH_VARARGS,
+     "alive(preds, producers, flags): flat._live's pass, flags (bytes, a node each, zeros) set to 1 for every node "
+     "a producer reads, itself included; how many."},
     {"levels", levels, METH_VARARGS,
      "levels(starts, sources, sig, classes, backwards, out): problem._levels' DP into out (int64, a node each)."},
     {"search", search, METH_VARARGS,

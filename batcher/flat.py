@@ -41,6 +41,7 @@ from autobatch.batcher.classing import Classing
 from autobatch.batcher.functions import Functions
 from autobatch.batcher.layout import Layout, Locations, row_indices
 from autobatch.batcher.plan import BatchReport, FlatPlan, Kind, RowReduction, Step, Template, TemplateCache
+from autobatch.batcher.problem import SCHEDULING
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.ir.records import Record
 
@@ -129,15 +130,22 @@ class _Planner(Classing, Layout):
 def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence[Record], list[list[int]]]:
     """The records that lead to a wanted value (usually all), and their predecessors
     renumbered among them."""
+    preds = [record.preds for record in records]
     alive = bytearray(len(records))
-    for i in producers:
-        alive[i] = 1
-    for i in range(len(records) - 1, -1, -1):  # predecessors come first: one backward pass
-        if alive[i]:
-            for p in records[i].preds:
-                alive[p] = 1
-    if alive.count(1) == len(records):
-        return records, [record.preds for record in records]
+    count = (SCHEDULING.alive if SCHEDULING is not None else _alive)(preds, producers, alive)
+    if count == len(records):
+        return records, preds
     kept = [i for i, flag in enumerate(alive) if flag]
     index = {old: new for new, old in enumerate(kept)}
-    return [records[i] for i in kept], [[index[p] for p in records[i].preds] for i in kept]
+    return [records[i] for i in kept], [[index[p] for p in preds[i]] for i in kept]
+
+
+def _alive(preds: Sequence[Sequence[int]], producers: Sequence[int], alive: bytearray) -> int:
+    """``_scheduling.alive``'s twin: each node a producer reads, itself included, marked 1; how many."""
+    for i in producers:
+        alive[i] = 1
+    for i in range(len(preds) - 1, -1, -1):  # predecessors come first: one backward pass
+        if alive[i]:
+            for p in preds[i]:
+                alive[p] = 1
+    return alive.count(1)

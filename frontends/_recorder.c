@@ -630,6 +630,39 @@ done:
     return result;
 }
 
+/* Tracer.waiting(): the pending tensors still held whose values are not known yet (a weak
+   reference a traced output, so a scan of all of them: tens of thousands a primitive minibatch). */
+static PyObject *recorder_waiting(RecorderObject *self, PyObject *unused) {
+    PyObject *pending = self->pending, *wanted = PyList_New(0);
+    if (wanted == NULL) return NULL;
+    if (!PyList_Check(pending)) {
+        Py_DECREF(wanted);
+        PyErr_SetString(PyExc_TypeError, "waiting: _pending must be a list");
+        return NULL;
+    }
+    Py_INCREF(pending);  /* a callback of a dead reference could rebind it meanwhile */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
+        PyObject *ref = PyList_GET_ITEM(pending, i), *tensor;
+        if (!PyWeakref_Check(ref)) {
+            PyErr_SetString(PyExc_TypeError, "waiting: _pending holds weak references only");
+            goto fail;
+        }
+        tensor = PyWeakref_GetObject(ref);  /* borrowed; None once the tensor is gone */
+        if (tensor == Py_None) continue;
+        if (!PyObject_TypeCheck(tensor, &TensorBaseType)) {
+            PyErr_SetString(PyExc_TypeError, "waiting: _pending refers to tensors only");
+            goto fail;
+        }
+        if (((TensorObject *)tensor)->value == Py_None && PyList_Append(wanted, tensor) < 0) goto fail;
+    }
+    Py_DECREF(pending);
+    return wanted;
+fail:
+    Py_DECREF(pending);
+    Py_DECREF(wanted);
+    return NULL;
+}
+
 static PyMethodDef recorder_methods[] = {
     {"record_one", (PyCFunction)(void (*)(void))recorder_record_one, METH_FASTCALL | METH_KEYWORDS,
      "record_one(op_type, inputs, shape, dtype, attrs=None): the common op's record; its output tensor."},
@@ -641,6 +674,8 @@ static PyMethodDef recorder_methods[] = {
      "_outputs_again(seen, shapes, dtypes, types): new tensors for the outputs of a pending call seen before."},
     {"_append", (PyCFunction)(void (*)(void))recorder_append, METH_FASTCALL,
      "_append(op_type, domain, preds, names, attributes, shapes, dtypes, types, entries, key, seen)."},
+    {"waiting", (PyCFunction)recorder_waiting, METH_NOARGS,
+     "waiting(): the pending tensors still held whose values are not known yet, in tracing order."},
     {NULL},
 };
 

@@ -150,6 +150,10 @@ class PyRecorderBase:
         return [self._pending_tensor(name, shape, dtype, vtype if vtype is not None else _tensor_type(dtype, shape), index)
                 for name, shape, dtype, vtype in zip(self._records[index].outputs, shapes, dtypes, types)]
 
+    def waiting(self) -> list[Any]:
+        """The pending tensors still held whose values are not known yet, in tracing order."""
+        return [t for t in (ref() for ref in self._pending) if t is not None and t.value is None]
+
     def _new_output(self, shape: tuple[int, ...], dtype: np.dtype, vtype: ValueType, index: int) -> Any:
         """A new pending output of record ``index``."""
         return self._pending_tensor(f"t{next(self._names)}", shape, dtype, vtype, index)

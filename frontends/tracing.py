@@ -229,9 +229,8 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
 
     def discard(self) -> None:
         """Forget everything pending without running it."""
-        for tensor in (ref() for ref in self._pending):
-            if tensor is not None and tensor.value is None:
-                tensor.producer = DISCARDED  # its record is gone: reading it again is an error
+        for tensor in self.waiting():
+            tensor.producer = DISCARDED  # its record is gone: reading it again is an error
         self._forget()
 
     def _forget(self) -> None:
@@ -244,7 +243,7 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
         """Batch and run every pending op that leads to a value still held, then forget the
         records: later ops read those values as data. When the run fails, everything pending
         is discarded (reading it later says so) and the batch stays usable."""
-        wanted = [t for t in (ref() for ref in self._pending) if t is not None and t.value is None]
+        wanted = self.waiting()
         if not wanted:
             self._forget()
             return

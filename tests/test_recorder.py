@@ -16,7 +16,7 @@ import pytest
 
 from autobatch import Batch, Parameter, TraceError, cell, ops
 from autobatch.frontends import recorder
-from autobatch.frontends.tracing import Tracer
+from autobatch.frontends.tracing import DISCARDED, Tracer
 from tests.compiling import builds_extensions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +106,20 @@ def test_the_compiled_recorder_refuses_what_is_not_a_tensor():
         y = ops.tanh(x)
         assert tracer._records[-1].inputs == [x.name] and y.producer == 0
         tracer.discard()
+
+
+def test_waiting_lists_the_tensors_held_without_values_in_tracing_order():
+    with Tracer() as tracer:
+        x = tracer.constant(np.ones(2, np.float32))
+        a, b = ops.tanh(x), ops.exp(x)
+        c = ops.tanh(b)
+        del b  # gone: its record stays, its tensor is not waited for
+        assert tracer.waiting() == [a, c]  # the compiled recorder's where it is built
+        assert recorder.PyRecorderBase.waiting(tracer) == [a, c]  # its Python twin
+        a.value = np.zeros(2, np.float32)
+        assert tracer.waiting() == recorder.PyRecorderBase.waiting(tracer) == [c]
+        tracer.discard()
+        assert c.producer == DISCARDED and tracer.waiting() == []
 
 
 def test_a_cell_call_out_of_the_common_case_runs_the_python_and_says_what_is_wrong():

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from autobatch import Batch
+from autobatch.batcher import flat
 from autobatch.batcher import problem as problem_module
 from autobatch.batcher import schedulers
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.examples import bilstm_tagger, tree_lstm
+from autobatch.ir.records import Record
 from autobatch.datasets import sst_trees, wikiner_sentences
 from tests.compiling import builds_extensions
 
@@ -88,6 +90,29 @@ def test_compiled_and_python_give_the_same_depths_and_edges(monkeypatch: pytest.
         assert [edge.tolist() for edge in compiled.edges] == [edge.tolist() for edge in python.edges], trial
     with pytest.raises(ValueError, match="node 1 reads 1"):  # not in topological order
         problem_from([0, 1], np.zeros(2, dtype=np.int64), [[], [1]], [])
+
+
+def test_compiled_and_python_find_the_same_live_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        n = int(rng.integers(1, 300))
+        records = [Record("Op", "", [], [], {}, [], (), None, rng.integers(max(0, i - 20), i, rng.integers(0, 3)).tolist()
+                          if i else []) for i in range(n)]
+        producers = sorted(set(rng.integers(0, n, rng.integers(1, 4)).tolist()))
+        compiled = flat._live(records, producers)
+        with monkeypatch.context() as patch:
+            patch.setattr(flat, "SCHEDULING", None)
+            python = flat._live(records, producers)
+        assert compiled == python, trial
+        kept, preds = compiled
+        if len(kept) < n:  # renumbered among the live ones, every one of them leading to a producer
+            assert all(p < k for k, ps in enumerate(preds) for p in ps)
+        assert {id(r) for r in kept} >= {id(records[p]) for p in producers}
+    if problem_module.SCHEDULING is not None:
+        with pytest.raises(ValueError, match="node 1 reads 1"):
+            problem_module.SCHEDULING.alive([[], [1]], [1], bytearray(2))
+        with pytest.raises(ValueError, match="producer 2"):
+            problem_module.SCHEDULING.alive([[], []], [2], bytearray(2))
 
 
 def _traced_problem(monkeypatch: pytest.MonkeyPatch, loss: object, instances: list, params: object) -> Problem:
