@@ -24,7 +24,8 @@ from onnx import helper, numpy_helper
 
 from autobatch.backends.interpreter import Interpreter
 from autobatch.batcher.constants import FOLD_LIMIT, constants_to_initializers
-from autobatch.batcher.instance_axis import InstanceAxisPlan, aligned, fits_pattern, pattern_at
+from autobatch.batcher.axis_steps import aligned, fits_pattern, pattern_at
+from autobatch.batcher.instance_axis import InstanceAxisPlan
 from autobatch.batcher.instances import alike
 from autobatch.ir import Graph, to_onnx
 from autobatch.ir.graph import SHAPE_DATA_LIMIT

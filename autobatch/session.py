@@ -18,7 +18,7 @@ from autobatch.backends import FeedError, Interpreter
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.backends.interpreter import check_feeds
 from autobatch.backends.lowering import lower_plan
-from autobatch.backends.instance_axis import PositionOutOfRange
+from autobatch.backends.axis_feeds import PositionOutOfRange
 from autobatch.backends.ort_backend import OrtBackendRep
 from autobatch.backends.ort_runtime import CPU, OrtSettings, UnsupportedByOnnxruntime, run_session
 from autobatch.backends.parallel_runs import ParallelRuns

@@ -549,7 +549,7 @@ def test_a_value_of_the_length_beside_one_of_one_row_an_instance_is_refused(back
 
 
 def test_positions_past_an_instances_length_are_an_error_not_another_instances_row():
-    from autobatch.backends.instance_axis import _positions
+    from autobatch.backends.axis_feeds import _positions
 
     np.testing.assert_array_equal(_positions(np.array([[0, 2, -1]]), None, 3, 10, "i"), [[10, 12, 12]])
     with pytest.raises(IndexError, match="past an instance's length 3"):
