@@ -1,6 +1,9 @@
 """Models as PyTorch and Hugging Face export them for ONE text (``benchmarks.exports``), run for
 many texts of different lengths, side by side: onnxruntime one text at a time; onnxruntime once
-over all of them padded to the longest (a second export, for a padded batch with a mask); and
+over all of them padded to the longest (a second export, for a padded batch with a mask); the
+same PyTorch module eager over that padded batch (where PyTorch, and ``transformers`` for its
+models, are installed: the module is built again from its seed, and checked to give
+onnxruntime's result for a text alone first); and
 ``InferenceSession.run_batch``: the first call (planning and preparing), a repeated mix (its
 kept plan, one onnxruntime session) and a new mix of lengths every call (what a server sees;
 timed once every length 5..60 has been seen once, a server's steady state), batched, and as a
@@ -25,7 +28,9 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -37,6 +42,7 @@ from benchmarks.timing import print_against
 
 THREADS = 2
 NEW_MIXES_ALONE = "onnxruntime, one text at a time, the new mixes"
+PADDED_ORT, PADDED_EAGER = "onnxruntime, padded to the longest, one call", "PyTorch eager, padded to the longest, one call"
 
 
 def lengths(count: int, rng: np.random.Generator) -> list[int]:
@@ -116,11 +122,14 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path, provid
         # The new mixes are other draws, with more or fewer tokens than ``batch``: their rows
         # are compared with onnxruntime over the same mixes too.
         NEW_MIXES_ALONE: lambda mix: [alone.run(None, t) for t in mix],
-        "onnxruntime, padded to the longest, one call": lambda mix: pad.run(None, padded(batch, pad_inputs)),
+        PADDED_ORT: lambda mix: pad.run(None, padded(batch, pad_inputs)),
         "ours, run_batch, the same mix again": lambda mix: ours.run_batch(None, batch),
         new_mix["batched"]: lambda mix: ours.run_batch(None, mix),
         new_mix["as a session chooses"]: lambda mix: chosen.run_batch(None, mix),
     }
+    eager = eager_padded(name, size, batch, pad_inputs, alone)
+    if eager is not None:
+        systems[PADDED_EAGER] = eager
     for run in list(systems.values())[:4]:  # warm-ups (the same mix's second use makes its one session)
         run(mixes[0]), run(mixes[0])
     # The systems take turns, each timed once a round, so that the machine's drifts reach them all.
@@ -150,9 +159,37 @@ def compare(name: str, size: int, count: int, repeats: int, folder: Path, provid
     print_against(seconds, "onnxruntime, one text at a time", lambda value: f"{value * 1e3:9.2f} ms")
     print("  the new mixes against onnxruntime one text at a time over the same mixes: "
           + ", ".join(f"{way} {seconds[NEW_MIXES_ALONE] / seconds[label]:.2f}x" for way, label in new_mix.items()))
+    print("  the new mixes batched against the padded batch: " + ", ".join(
+        f"{label.split(',')[0]} {seconds[label] / seconds[new_mix['batched']]:.2f}x" for label in (PADDED_ORT, PADDED_EAGER)
+        if label in seconds))
     print(f"  the session chose for its timed new mixes: {', '.join(ways)}")
     print_new_mix_split(*split)
     return seconds
+
+
+def eager_padded(name: str, size: int, batch: list[dict[str, np.ndarray]], pad_inputs: set[str],
+                 alone: ort.InferenceSession) -> Callable[[Any], Any] | None:
+    """A call of the PyTorch module the export was made of, eager over ``batch`` padded to the
+    longest; None (said) where PyTorch or ``transformers`` is not installed."""
+    try:
+        import torch
+
+        from benchmarks import exports as modules  # (PyTorch, and transformers for its models)
+
+        module = modules.build(name.removesuffix(exports.MASKED), size)
+    except ImportError as error:
+        print(f"  (no PyTorch eager row: {error})")
+        return None
+    torch.set_num_threads(THREADS)
+
+    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            return module(*(torch.from_numpy(feeds[key]) for key in ("ids", "mask") if key in feeds)).numpy()
+
+    # The module built again is the one exported: a text alone gives onnxruntime's result.
+    np.testing.assert_allclose(run(batch[0]), alone.run(None, batch[0])[0], rtol=1e-4, atol=1e-5, err_msg=name)
+    feeds = padded(batch, pad_inputs)
+    return lambda mix: run(feeds)
 
 
 def print_new_mix_split(total: float, parts: dict[str, float], alone: float) -> None:

@@ -88,12 +88,15 @@ def test_exported_models_benchmark_checks_and_compares(capsys, tmp_path) -> None
     printed = capsys.readouterr().out
     for system in ("one text at a time", "padded to the longest", "the same mix again", "a new mix each call",
                    "as a session chooses", "the session chose for its timed new mixes: ",
-                   "the new mixes against onnxruntime one text at a time over the same mixes: batched "):
+                   "the new mixes against onnxruntime one text at a time over the same mixes: batched ",
+                   "PyTorch eager, padded to the longest, one call",  # (its module checked against the export first)
+                   "the new mixes batched against the padded batch: onnxruntime "):
         assert system in printed
     assert set(json.loads((tmp_path / "times.json").read_text())["lstm"]) >= {
         "onnxruntime, one text at a time", "onnxruntime, one text at a time, the new mixes",
         "ours, run_batch, a new mix each call (lengths seen)",
-        "ours, run_batch as a session chooses, a new mix each call (lengths seen)"}
+        "ours, run_batch as a session chooses, a new mix each call (lengths seen)",
+        "PyTorch eager, padded to the longest, one call"}
 
 
 def test_exported_models_benchmark_reads_a_folder_of_exports_written_before(capsys, tmp_path) -> None:
