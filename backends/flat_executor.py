@@ -289,7 +289,10 @@ class Values:
         self.loose = loose
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
-        return _read(self.arenas, self.loose, *location)
+        arena, rows = location
+        if type(rows) is int and arena >= 0:  # one value's row, a view (0-d too): the common case, kept cheap
+            return self.arenas[arena][rows, ...]
+        return _read(self.arenas, self.loose, arena, rows)
 
 
 class SlotMismatch(NodeExecutionError):
