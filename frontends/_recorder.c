@@ -653,7 +653,10 @@ static PyObject *recorder_waiting(RecorderObject *self, PyObject *unused) {
             PyErr_SetString(PyExc_TypeError, "waiting: _pending refers to tensors only");
             goto fail;
         }
-        if (((TensorObject *)tensor)->value == Py_None && PyList_Append(wanted, tensor) < 0) goto fail;
+        Py_INCREF(tensor);  /* held while appended: an allocation may run a collection */
+        int failed = ((TensorObject *)tensor)->value == Py_None && PyList_Append(wanted, tensor) < 0;
+        Py_DECREF(tensor);
+        if (failed) goto fail;
     }
     Py_DECREF(pending);
     return wanted;
