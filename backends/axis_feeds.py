@@ -49,7 +49,7 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
     lengths = np.asarray(lengths, np.int64)
     feeds = {name: np.concatenate([f[name] for f in feeds_list], axis=plan.axis(name)) for name in plan.inputs}
     members = chunk_members(lengths, CHUNK)  # (a padded layout needs no more of the chunks than who is in each)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    starts = np.cumsum(lengths) - lengths  # each instance's first row
     for name, size in plan.bounded.items():  # (a padded position reads index 0: past the axis, an error for all)
         if any(np.any((c[name] < -size) | (c[name] >= size)) for c in constants):
             raise PositionOutOfRange(f"GatherElements indices {name!r} reach past an axis of {size}")
@@ -71,7 +71,7 @@ def mix_feeds(plan: InstanceAxisPlan, feeds_list: Sequence[Mapping[str, np.ndarr
             raise IndexError(f"position {step.position} of {record.outputs[0]!r} is past an instance's length")
         feeds[picked_rows(record)] = starts + step.position % lengths
     if plan.padded:
-        feeds.update(_padded_chunks(members, lengths))
+        feeds.update(_padded_chunks(members, lengths, starts))
     if not plan.recurrent:
         return feeds, len(members)
     targets = np.empty(int(lengths.sum()), np.int64)
@@ -108,9 +108,8 @@ def _positions(indices: np.ndarray, component: int | None, length: int, start: i
     return indices % length + start if length else indices
 
 
-def _padded_chunks(members: Sequence[np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:
+def _padded_chunks(members: Sequence[np.ndarray], lengths: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
     """The padded layout's feeds: each chunk's (``padded_feeds``), and where each row is."""
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     total = int(lengths.sum())
     feeds, back, offset = {}, np.empty(total, np.int64), 0
     for k, chunk in enumerate(members):
