@@ -15,6 +15,10 @@ a ragged launch puts instances' rows through one larger BLAS call, whose summati
 differ, and later cancellation magnifies those last bits. A step function (Floor, Sign, ArgMax, the
 condition of a Where) takes only values computed without sums: of a sum, the last bit that summation
 order may change can move it across a step (Floor(0.99999994) is 0, Floor(1.0) is 1; seed 101093).
+LayerNormalization divides by its row's deviation, so a row whose values are equal but for
+rounding (a Softmax over the rows, summed over them: seed 611481) comes out as those last bits
+times up to 1/sqrt(epsilon); a computed input gets a ramp added first, as a bias would, so that
+its rows vary.
 
     python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M] [--node-level]
 """
@@ -194,7 +198,10 @@ def normalize(p: Program) -> None:
     a = p.pick()
     kind = p.rng.choice(("Softmax", "LogSoftmax", "LayerNormalization"))
     if kind == "LayerNormalization":
-        p.add(p.node(kind, [a.name, p.weight(a.cols), p.weight(a.cols)], axis=-1), a.rows, a.cols, sums=True)
+        x = a.name
+        if not a.exact:  # (see the docstring: a ramp, as a bias would, keeps its rows from being flat)
+            x = p.node("Add", [x, p.constant(np.arange(a.cols, dtype=np.float32))])
+        p.add(p.node(kind, [x, p.weight(a.cols), p.weight(a.cols)], axis=-1), a.rows, a.cols, sums=True)
     else:
         p.add(p.node(kind, [a.name], axis=p.rng.choice((-1, 0))), a.rows, a.cols, sums=True)
 
