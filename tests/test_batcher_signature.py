@@ -16,7 +16,7 @@ from autobatch.backends import Interpreter
 from autobatch.graphs import run_graphs
 from autobatch.batcher import SCHEDULERS, build_problem, flat, node_signature
 from autobatch.batcher.plan import TemplateCache
-from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
+from autobatch.batcher.problem import SCHEDULING, UNBATCHABLE, Problem, problem_from
 from autobatch.batcher import schedulers
 from autobatch.batcher.schedulers import LEVEL_TIE_BREAKS, _level_schedule, level_groups
 from autobatch.datasets import synthetic_tree
@@ -462,6 +462,20 @@ def test_a_report_works_its_lower_bound_out_when_asked(scheduler: str) -> None:
     assert callable(report.bound) == (scheduler != "level")
     want = build_problem(Graph.union(graphs), lambda node: True).lower_bound()
     assert report.lower_bound == want and report.bound == want
+
+
+def test_a_deferred_bound_keeps_no_list_a_node_alive() -> None:
+    """A report outlives its plan: where the compiled depths pass made the edges, its deferred
+    bound holds them as arrays, not the per-node lists of predecessors (each one more object
+    for every garbage collection to walk while the report lives), and still works it out."""
+    sig = np.array([0, 0, 1, 0], dtype=np.int64)
+    preds: list[list[int]] = [[], [0], [1], [2]]
+    problem = problem_from(list(range(4)), sig, preds, ["a", "b"])
+    bound = problem.deferred_lower_bound()
+    held = [cell.cell_contents for cell in bound.__closure__]  # type: ignore[union-attr]
+    if SCHEDULING is not None:
+        assert not any(value is preds or isinstance(value, list) for value in held)
+    assert bound() == problem.lower_bound() == 1 + 3
 
 
 @pytest.mark.parametrize("seed", range(12))
