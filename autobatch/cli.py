@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a connection may take to send a whole request head before it is closed")
     serve.add_argument("--max-connections", type=positive, default=1024,
                        help="open connections past which new ones are closed at once")
+    serve.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto",
+                       help="the HTTP/1.1 parser (auto: httptools where installed, its parser in C; else h11)")
     serve.add_argument("--max-unrolled-nodes", type=positive, default=100_000,
                        help="the most nodes one request's If/Loop/Scan may unroll into; past it, 400")
     serve.add_argument("--drain-s", type=float, default=1.0,

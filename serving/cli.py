@@ -25,5 +25,5 @@ def registry_from_args(args: argparse.Namespace) -> ModelRegistry:
 def serve_command(args: argparse.Namespace) -> None:
     registry = registry_from_args(args)
     print(f"serving {', '.join(sorted(registry.engines))} on http://{args.host}:{args.port}/v2", flush=True)
-    limits = Limits(args.max_body_bytes, args.body_timeout_s, args.head_timeout_s, args.max_connections)
+    limits = Limits(args.max_body_bytes, args.body_timeout_s, args.head_timeout_s, args.max_connections, args.http)
     serve(registry, args.host, args.port, limits, args.log_level, args.drain_s, args.access_log)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import socket
 import threading
@@ -24,9 +23,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -35,12 +32,11 @@ from starlette.routing import Route
 
 from autobatch.serving.engine import ModelRegistry
 from autobatch.serving.errors import BodyTimeout, PayloadTooLarge, ServingError
+from autobatch.serving.http_guards import HEAD_TIMEOUT_S, MAX_CONNECTIONS, guarded_protocol
 from autobatch.serving.protocol import HEADER_LENGTH, decode_request, encode_response
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 BODY_TIMEOUT_S = 30.0  # to read a request's whole body
-HEAD_TIMEOUT_S = 10.0  # from a connection's start (or its last response) to a whole request head
-MAX_CONNECTIONS = 1024
 DRAIN_S = 1.0  # after SIGTERM, how long new requests still get an answer (503) before the server stops
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -169,65 +165,6 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-_REFUSED = itertools.count(1)
-
-
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with two limits it lacks: a connection past
-    ``max_connections`` is closed at once, and one that has not sent a whole request head within
-    ``head_timeout_s`` of its start (or of its last response) is closed, so that clients sending
-    heads a byte at a time (slowloris) cannot hold sockets. (uvicorn's ``limit_concurrency``
-    answers 503 to requests past a count, but only once their heads have arrived, and its
-    ``timeout_keep_alive`` starts only after a first response.) ``limited`` makes the subclass."""
-
-    head_timeout_s = HEAD_TIMEOUT_S
-    max_connections = MAX_CONNECTIONS
-
-    @classmethod
-    def limited(cls, head_timeout_s: float, max_connections: int) -> type[GuardedH11Protocol]:
-        return type(cls.__name__, (cls,), {"head_timeout_s": head_timeout_s, "max_connections": max_connections})
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._head_timer: asyncio.TimerHandle | None = None
-        if len(self.connections) > self.max_connections:
-            refused = next(_REFUSED)
-            if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, 8th...: a flood is not a flood of lines
-                self.logger.warning("%d connections refused so far: %d open, the limit is %d", refused,
-                                    len(self.connections), self.max_connections)
-            transport.close()
-            return
-        self._wait_for_head()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is h11.IDLE:
-            if self._head_timer is None:
-                self._wait_for_head()
-        elif self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._wait_for_head()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        super().connection_lost(exc)
-
-    def _wait_for_head(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_too_slow)
-
-    def _head_too_slow(self) -> None:
-        self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.close()
-
-
 class DrainingServer(uvicorn.Server):
     """On SIGTERM or SIGINT: readiness goes false and every engine refuses new requests with
     503 while it answers what is queued and running; ``drain_s`` later the server stops, and
@@ -271,13 +208,14 @@ class Limits:
     body_timeout_s: float = BODY_TIMEOUT_S
     head_timeout_s: float = HEAD_TIMEOUT_S
     max_connections: int = MAX_CONNECTIONS
+    http: str = "auto"  # the HTTP/1.1 parser: h11, httptools, or auto (httptools where installed)
 
 
 def _config(registry: ModelRegistry, limits: Limits, log_level: str, access_log: bool = False,
             **uvicorn_options: Any) -> uvicorn.Config:
     return uvicorn.Config(create_app(registry, limits.max_body_bytes, limits.body_timeout_s), log_level=log_level,
                           access_log=access_log,
-                          lifespan="on", http=GuardedH11Protocol.limited(limits.head_timeout_s, limits.max_connections),
+                          lifespan="on", http=guarded_protocol(limits.head_timeout_s, limits.max_connections, limits.http),
                           **uvicorn_options)
 
 

@@ -24,6 +24,7 @@ pytest.importorskip("uvicorn")
 
 from autobatch import InferenceSession  # noqa: E402
 from autobatch.serving import Engine, ModelRegistry  # noqa: E402
+from autobatch.serving.http_guards import MAX_HEAD_BYTES, PROTOCOLS, httptools  # noqa: E402
 from autobatch.serving.server import Limits, serve_in_thread  # noqa: E402
 from tests.test_serving import MODEL, POISON, FaultyRunner, infer_body, instance  # noqa: E402
 from tests.test_serving_cli import free_port  # noqa: E402
@@ -48,14 +49,20 @@ def loop_answer(m: int) -> list[float]:
     return InferenceSession(LOOP).run(None, {"m": np.array(m, np.int64), "x": np.array([0.5, -0.25], np.float32)})[0]
 
 
-@pytest.fixture(scope="module")
-def guarded():
+@pytest.fixture(scope="module", params=PROTOCOLS)
+def guarded(request):
+    """A server under tight limits, over each HTTP/1.1 parser (httptools: where installed, as
+    the test extra installs it)."""
+    if request.param == "httptools" and httptools is None:
+        pytest.skip("httptools is not installed")
     registry = ModelRegistry([
         Engine(MODEL, name="tagger", batch_wait_timeout_s=0.02),
         Engine(LOOP, name="loop", batch_wait_timeout_s=0.05, max_unrolled_nodes=3_000),
         Engine(LOOP, name="deep", max_unrolled_nodes=10_000_000, request_timeout_s=0.5),
+        Engine(FaultyRunner(delay=0.8), name="slow", batch_wait_timeout_s=0.0),
     ])
-    limits = Limits(max_body_bytes=1 << 20, body_timeout_s=0.5, head_timeout_s=0.5, max_connections=8)
+    limits = Limits(max_body_bytes=1 << 20, body_timeout_s=0.5, head_timeout_s=0.5, max_connections=8,
+                    http=request.param)
     with serve_in_thread(registry, limits=limits) as running:
         yield running
 
@@ -105,6 +112,40 @@ def test_a_head_sent_a_byte_at_a_time_is_cut_off(guarded):
         assert closed_by_server(sock, within=5)
     with socket.create_connection(("127.0.0.1", guarded.port)) as idle:  # nothing at all: the same
         assert closed_by_server(idle, within=5)
+
+
+def test_a_head_without_end_is_refused_at_its_limit(guarded):
+    """Sent fast (the head timeout does not help), a head that never ends gets 400 and is
+    closed once past its size limit, and the server still answers."""
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.sendall(b"POST /v2/models/tagger/infer HTTP/1.1\r\nHost: x\r\n")
+        answer = b""
+        try:
+            for k in range(4 * MAX_HEAD_BYTES // 64):
+                sock.sendall(b"X-Filler-%06d: " % k + b"a" * 44 + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed while sending: what is left to read says why
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    feeds = instance(3, 0)
+    assert post(guarded.port, "/v2/models/tagger/infer", infer_body(feeds))[0] == 200
+
+
+def test_requests_slower_than_the_head_timeout_are_answered_pipelined_too(guarded):
+    """The head timeout runs only while a head is awaited: two requests sent back to back on one
+    connection (the second's head in before the first's answer), each answered 0.8 s after
+    it is taken (past the 0.5 s limit), both get their answers."""
+    body = infer_body(instance(3, 0))
+    request = (b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.sendall(request + request)
+        sock.settimeout(10)
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {answers.count(b'HTTP/1.1 200')} answers: {answers[:300]!r}"
+            answers += chunk
 
 
 def test_connections_past_the_limit_are_closed_and_the_server_still_answers(guarded):
