@@ -38,7 +38,7 @@ from autobatch.ir.select_first import select_first
 from autobatch.ir.types import type_of_value
 from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
 from autobatch.typed_instances import ModelInstances, plan_instances
-from autobatch.ways import ALONE, AT_ONCE, BATCHED, IN_TURN, WayChooser
+from autobatch.ways import ALONE, AT_ONCE, BATCHED, IN_TURN, MARGIN, WayChooser
 
 log = logging.getLogger("autobatch")
 
@@ -77,7 +77,7 @@ class InferenceSession:
     def __init__(self, model: ModelProto | Graph | bytes | str, sess_options: Any = None,
                  providers: Sequence[str] | None = None, *, backend: str | None = None, scheduler: str = "level",
                  threads: int | None = None, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 whole_plans: int = WHOLE_PLANS_KEPT, alone_when_faster: bool = True, node_level: bool = True) -> None:
+                 whole_plans: int = WHOLE_PLANS_KEPT, alone_when_faster: bool | float = True, node_level: bool = True) -> None:
         """Called as onnxruntime's is: ``InferenceSession(path, sess_options, providers)``, where
         ``sess_options`` is an ``onnxruntime.SessionOptions`` (its ``intra_op_num_threads`` is
         read) and giving ``providers`` (or options) means the onnxruntime backend. ``backend``:
@@ -89,7 +89,8 @@ class InferenceSession:
         (``backends.whole_plan``; each holds a copy of the weights; 0: always step by step); on CUDA
         from its first use, so that values stay on the device between steps.
         ``alone_when_faster``: a batch may run each instance alone where that was measured
-        faster than batching batches of its kind (``autobatch.ways``); False: always batched.
+        faster than batching batches of its kind (``autobatch.ways``: ``MARGIN`` times faster;
+        a number: that many times); False: always batched.
         On onnxruntime's CPU such a batch, of at least ``threads`` instances (0: as many as the
         cores this process may use; 1: never), runs that many at once, each on one thread
         (``backends.parallel_runs``), on a second copy of the model made when first needed.
@@ -135,7 +136,7 @@ class InferenceSession:
         self._flat_plans = Budgeted(PLANS_KEPT, PLAN_RECORDS_KEPT, _records_planned)  # mix -> _FlatPlan
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
-        self._ways = WayChooser() if alone_when_faster else None
+        self._ways = WayChooser(margin=_margin(alone_when_faster)) if alone_when_faster else None
         # batches planned once per node of the model, where it allows (not with control flow);
         # ``axis_batches.refusal`` says why not
         self.axis_batches = None if self._control_flow or not node_level else \
@@ -406,6 +407,15 @@ def _plan_key(names: Sequence[str], signatures: tuple) -> tuple:
 
 def _records_planned(entry: _FlatPlan) -> int:
     return entry.plan.report.nodes
+
+
+def _margin(alone_when_faster: bool | float) -> float:
+    """How many times faster alone must be measured: ``MARGIN`` for True, else the number."""
+    if alone_when_faster is True:
+        return MARGIN
+    if not alone_when_faster >= 1:
+        raise ValueError(f"alone_when_faster: True, False or a margin of at least 1, not {alone_when_faster!r}")
+    return float(alone_when_faster)
 
 
 def usable_cores() -> int:

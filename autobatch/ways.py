@@ -29,6 +29,11 @@ BATCHED_FIRST = 3  # batches (of any sizes of a kind) run batched before alone i
 PROBE_EVERY = 16  # batches between tries of the way not taken, times how much slower it was...
 MAX_SPACING = 8  # ...up to this many times: trying costs at most about a sixteenth of the time
 MARGIN = 1.1  # alone is taken where it is measured this much faster
+# ... in a server: a batch run alone, each instance a Python call on a thread of its own, takes
+# the CPU and the interpreter lock from the event loop that reads and answers requests, which its
+# own time does not show (benchmarks/SERVING.md: batching on with 1.5 served 4-8% more requests
+# a second than with 1.1, both models measured; always batched, as much)
+SERVED_MARGIN = 1.5
 RECENT = 5  # the runs of a way whose median is its time: one slow run (a pause, a noisy host) does not turn the choice
 
 
@@ -51,11 +56,12 @@ class WayChooser:
     nearest measured size's of its kind (a server's batch sizes vary). Until both ways are
     measured at some size, ``BATCHED_FIRST`` batches in all run the ``first`` way, then the
     ``second``: a server whose first batches are of many sizes pays for its warm-up once, not
-    once a size. The second is taken where measured ``MARGIN`` times faster. The ways are
+    once a size. The second is taken where measured ``margin`` times faster. The ways are
     batched or alone, and, for a batch run alone, at once or in turn."""
 
     first: str = BATCHED
     second: str = ALONE
+    margin: float = MARGIN
     kinds: dict[tuple[int, bool], _Kind] = field(default_factory=dict)
 
     def choose(self, n: int, kept: bool) -> str:
@@ -104,7 +110,7 @@ class WayChooser:
                 f"{'its kept plan' if kept else 'a new mix'} {self.first} {guide[self.first] * 1e3:.3f} ms")
 
     def _best(self, guide: dict[str, float]) -> str:
-        return self.second if guide[self.second] * MARGIN < guide[self.first] else self.first
+        return self.second if guide[self.second] * self.margin < guide[self.first] else self.first
 
 
 def _spacing(guide: dict[str, float]) -> float:

@@ -33,6 +33,7 @@ from autobatch.serving.errors import (
 )
 from autobatch.serving.metrics import Duration, EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
+from autobatch.ways import SERVED_MARGIN
 from autobatch.serving.worker_process import ProcessRunner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir.limits import DeadlineExceeded, deadline
@@ -79,9 +80,9 @@ class Engine:
     ``model`` is a path (``.onnx``, or ``module:function`` for a program), an ONNX model, an
     ``InferenceSession`` or a ``Runner``. ``max_queue_delay_microseconds`` (Triton's name)
     overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
-    request alone (the baseline; in arrival order with one instance); ``alone_when_faster=False`` batches every
-    batch of a model the engine loads, even where running its instances each alone was measured
-    faster (``autobatch.ways``). ``instances`` sessions of the model (each loaded from ``model``:
+    request alone (the baseline; in arrival order with one instance); a batch of a model the engine
+    loads runs its instances each alone where that was measured ``ways.SERVED_MARGIN`` times faster
+    than batched (``alone_when_faster``: a number, that many times; False, always batched). ``instances`` sessions of the model (each loaded from ``model``:
     a path or an ONNX model), each with a worker thread of its own and its share of the cores,
     take batches from one queue, as Triton's instance count: a batch gathers while another runs.
     ``worker="process"`` runs each in a process of its own (``serving.worker_process``; the model
@@ -94,7 +95,7 @@ class Engine:
                  batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
                  max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
                  backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 alone_when_faster: bool = True, worker: str = "thread", instances: int = 1) -> None:
+                 alone_when_faster: bool | float = True, worker: str = "thread", instances: int = 1) -> None:
         if max_batch_size < 1 or max_queue < 1 or instances < 1:
             raise ValueError("max_batch_size, max_queue and instances must be positive")
         if max_queue_delay_microseconds is not None:
@@ -106,6 +107,8 @@ class Engine:
                              f"{type(model).__name__}")
         # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
         threads = max(1, usable_cores() // instances) if instances > 1 else None
+        if alone_when_faster is True:  # alone must win by more in a server (``ways.SERVED_MARGIN``)
+            alone_when_faster = SERVED_MARGIN
         self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)
         self.runners = [self.runner]
         try:
@@ -416,7 +419,7 @@ class ModelRegistry:
         return render((name, e.metrics, e.queue_depth) for name, e in self.engines.items())
 
 
-def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool, worker: str,
+def _as_runner(model: Any, backend: str, max_unrolled_nodes: int, alone_when_faster: bool | float, worker: str,
                threads: int | None = None, checker: tuple[str, Runner] | None = None) -> tuple[str, Runner]:
     if worker not in WORKERS:
         raise ValueError(f"worker must be one of {', '.join(WORKERS)}, not {worker!r}")

@@ -113,7 +113,7 @@ class ProgramRunner:
 
 
 def load_runner(spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                alone_when_faster: bool = True, threads: int | None = None) -> tuple[str, Runner]:
+                alone_when_faster: bool | float = True, threads: int | None = None) -> tuple[str, Runner]:
     """``model.onnx`` (served under its stem; ``threads``: its onnxruntime's intra-op threads,
     None: onnxruntime's choice) or ``module:function`` / ``file.py:function`` (a program,
     served under the function's name)."""

@@ -54,7 +54,7 @@ class ProcessRunner:
     ``if __name__ == "__main__":`` guard, or the child runs the script again."""
 
     def __init__(self, spec: str, backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 alone_when_faster: bool = True, threads: int | None = None,
+                 alone_when_faster: bool | float = True, threads: int | None = None,
                  checker: tuple[str, Runner] | None = None) -> None:
         self.name, self.checker = checker or load_runner(spec, "numpy", max_unrolled_nodes, alone_when_faster)
         self.inputs, self.outputs = self.checker.inputs, self.checker.outputs
@@ -219,7 +219,7 @@ class _Silent(Exception):
         self.how = how
 
 
-def _serve_calls(conn: Connection, spec: str, backend: str, max_unrolled_nodes: int, alone_when_faster: bool,
+def _serve_calls(conn: Connection, spec: str, backend: str, max_unrolled_nodes: int, alone_when_faster: bool | float,
                  threads: int | None) -> None:
     """The child: load the model, say so, then answer calls until told to stop or the parent is gone."""
     for stop in (signal.SIGINT, signal.SIGTERM):  # sent to the whole group (Ctrl-C, systemd): the parent stops us

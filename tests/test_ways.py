@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from autobatch import InferenceSession
-from autobatch.ways import ALONE, AT_ONCE, BATCHED, BATCHED_FIRST, IN_TURN, PROBE_EVERY, WayChooser
+from autobatch.ways import (ALONE, AT_ONCE, BATCHED, BATCHED_FIRST, IN_TURN, MARGIN, PROBE_EVERY, SERVED_MARGIN,
+                            WayChooser)
 from tests.oracle import assert_same
 
 
@@ -152,3 +153,26 @@ def test_a_chooser_of_how_a_batch_runs_alone_starts_at_once_and_takes_in_turn_wh
     assert ways[-20:].count(IN_TURN) >= 19 and AT_ONCE in ways[BATCHED_FIRST + 2:]
     kept = _runs(WayChooser(AT_ONCE, IN_TURN), 8, {AT_ONCE: 1e-3, IN_TURN: 1e-3 * 1.05}, 100)  # within the margin
     assert kept[-10:] == [AT_ONCE] * 10
+
+
+@pytest.mark.parametrize("margin", [1.1, 1.5])
+def test_alone_is_taken_only_past_the_margin(margin: float) -> None:
+    """Alone measured 1.3x faster: taken with a margin of 1.1, not with 1.5 (a server's)."""
+    ways = _runs(WayChooser(margin=margin), 8, {BATCHED: 1.3e-3, ALONE: 1e-3}, 30)
+    assert ways[-1] == (ALONE if margin < 1.3 else BATCHED), ways
+
+
+def test_a_served_model_takes_the_served_margin_and_a_session_its_own() -> None:
+    """An engine that loads its model chooses alone only past ``SERVED_MARGIN``; a session
+    takes a number as its margin, refuses one under 1, and False is always batched."""
+    pytest.importorskip("starlette")
+    from autobatch.serving import Engine
+
+    model = _chain(3)
+    engine = Engine(model, name="chain", backend="onnxruntime")
+    assert engine.runner.session._ways.margin == SERVED_MARGIN
+    assert Engine(model, name="chain", alone_when_faster=False).runner.session._ways is None
+    assert InferenceSession(model)._ways.margin == MARGIN
+    assert InferenceSession(model, alone_when_faster=2.0)._ways.margin == 2.0
+    with pytest.raises(ValueError, match="a margin of at least 1"):
+        InferenceSession(model, alone_when_faster=0.5)
