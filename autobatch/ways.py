@@ -31,8 +31,8 @@ MAX_SPACING = 8  # ...up to this many times: trying costs at most about a sixtee
 MARGIN = 1.1  # alone is taken where it is measured this much faster
 # ... in a server: a batch run alone, each instance a Python call on a thread of its own, takes
 # the CPU and the interpreter lock from the event loop that reads and answers requests, which its
-# own time does not show (benchmarks/SERVING.md: batching on with 1.5 served 4-8% more requests
-# a second than with 1.1, both models measured; always batched, as much)
+# own time does not show (benchmarks/SERVING.md: with 1.5 a server of either model measured
+# served 4-8% more requests a second than with 1.1, about as many as always batched)
 SERVED_MARGIN = 1.5
 RECENT = 5  # the runs of a way whose median is its time: one slow run (a pause, a noisy host) does not turn the choice
 

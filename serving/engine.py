@@ -80,9 +80,10 @@ class Engine:
     ``model`` is a path (``.onnx``, or ``module:function`` for a program), an ONNX model, an
     ``InferenceSession`` or a ``Runner``. ``max_queue_delay_microseconds`` (Triton's name)
     overrides ``batch_wait_timeout_s`` (Ray Serve's) when given. ``batching=False`` runs every
-    request alone (the baseline; in arrival order with one instance); a batch of a model the engine
-    loads runs its instances each alone where that was measured ``ways.SERVED_MARGIN`` times faster
-    than batched (``alone_when_faster``: a number, that many times; False, always batched). ``instances`` sessions of the model (each loaded from ``model``:
+    request alone (the baseline; in arrival order with one instance); a batch of a model the
+    engine loads runs its instances each alone where that was measured ``ways.SERVED_MARGIN``
+    times faster than batched (``alone_when_faster``: a number, that many times; False, always
+    batched). ``instances`` sessions of the model (each loaded from ``model``:
     a path or an ONNX model), each with a worker thread of its own and its share of the cores,
     take batches from one queue, as Triton's instance count: a batch gathers while another runs.
     ``worker="process"`` runs each in a process of its own (``serving.worker_process``; the model
