@@ -97,6 +97,7 @@ class InferenceSession:
         ``node_level``: where every node of the model batches along its instances' length axis,
         a batch runs as the model's own graph over all their rows, planned once for every mix
         (``autobatch.axis_batches``); False: each mix is planned by the flat planner."""
+        margin = _margin(alone_when_faster)  # (refused before anything is built)
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -118,7 +119,7 @@ class InferenceSession:
             self.ort_settings = OrtSettings(providers, threads)
             self._single: Any = OrtBackendRep(self.graph, self.ort_settings.providers, threads)
             callers = threads or usable_cores()
-            if self.ort_settings.providers[0] == CPU and callers > 1 and alone_when_faster:
+            if self.ort_settings.providers[0] == CPU and callers > 1 and margin is not None:
                 self._parallel = ParallelRuns(self.graph, self.ort_settings.providers, callers)
                 # ... or in turn on the session's own threads (onnxruntime alone), where measured faster
                 self._alone_ways = WayChooser(AT_ONCE, IN_TURN)
@@ -136,7 +137,7 @@ class InferenceSession:
         self._flat_plans = Budgeted(PLANS_KEPT, PLAN_RECORDS_KEPT, _records_planned)  # mix -> _FlatPlan
         self._whole_plans: Recent = Recent(whole_plans)  # mix -> WholePlan
         self._known_records: Recent = Recent(KEYS_KEPT)  # what flat plans learnt of their keys (``plan_records``)
-        self._ways = WayChooser(margin=_margin(alone_when_faster)) if alone_when_faster else None
+        self._ways = WayChooser(margin=margin) if margin is not None else None
         # batches planned once per node of the model, where it allows (not with control flow);
         # ``axis_batches.refusal`` says why not
         self.axis_batches = None if self._control_flow or not node_level else \
@@ -409,10 +410,11 @@ def _records_planned(entry: _FlatPlan) -> int:
     return entry.plan.report.nodes
 
 
-def _margin(alone_when_faster: bool | float) -> float:
-    """How many times faster alone must be measured: ``MARGIN`` for True, else the number."""
-    if alone_when_faster is True:
-        return MARGIN
+def _margin(alone_when_faster: bool | float) -> float | None:
+    """How many times faster alone must be measured: ``MARGIN`` for True, the number given,
+    None for False (always batched)."""
+    if isinstance(alone_when_faster, (bool, np.bool_)):
+        return MARGIN if alone_when_faster else None
     if not alone_when_faster >= 1:
         raise ValueError(f"alone_when_faster: True, False or a margin of at least 1, not {alone_when_faster!r}")
     return float(alone_when_faster)

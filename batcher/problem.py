@@ -113,7 +113,8 @@ class Problem:
             return self.lower_bound()
         sig, classes, depth, parts = self.sig, len(self.classes), self.depth, self.parts
         edges, preds = (self._edges, None) if self._edges is not None else (None, self.preds)
-        return lambda: _lower_bound(sig, _levels(edges or _edges(preds), sig, classes, depth, parts), classes)
+        return lambda: _lower_bound(sig, _levels(edges if edges is not None else _edges(preds), sig, classes, depth,
+                                                 parts), classes)
 
 
 def _lower_bound(sig: np.ndarray, level: np.ndarray, classes: int) -> int:

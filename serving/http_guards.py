@@ -1,8 +1,9 @@
 """uvicorn's HTTP/1.1 protocols with the limits they lack, for ``serving.server``.
 
 Both protocols close a connection past ``max_connections`` at once, and one that has not sent a
-whole request head within ``head_timeout_s`` of its start (or of its last response), so that
-clients sending heads a byte at a time (slowloris) cannot hold sockets. (uvicorn's
+whole request head within ``head_timeout_s`` of its start (or of its last response: a body that
+still comes after its request was answered, say with 404, counts for nothing), so that clients
+sending heads or unread bodies a byte at a time (slowloris) cannot hold sockets. (uvicorn's
 ``limit_concurrency`` answers 503 to requests past a count, but only once their heads have
 arrived, and its ``timeout_keep_alive`` starts only after a first response.) The httptools one,
 taken where httptools is installed (its parser is in C: a request costs the event loop less
@@ -58,7 +59,8 @@ class _Guarded:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        self._wait_for_head()
+        if not self.transport.is_closing():
+            self._wait_for_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
@@ -84,24 +86,40 @@ class _Guarded:
 
 
 class GuardedH11Protocol(_Guarded, H11Protocol):
-    """h11's: a head has arrived once the connection's peer is no longer idle."""
+    """h11's: a head has arrived once the connection's peer is no longer idle, and a request is
+    in flight until its response is done."""
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE:
+        if self._head_pending():
             if self._head_timer is None:
                 self._wait_for_head()
         else:
             self._head_arrived()
 
-    def _head_pending(self) -> bool:
-        return self.conn.their_state is h11.IDLE
+    def _head_pending(self) -> bool:  # (answered while its body still comes: no request in flight)
+        return self.conn.their_state is h11.IDLE or self.conn.our_state is h11.DONE
 
 
 if httptools is not None:
     class GuardedHttpToolsProtocol(_Guarded, HttpToolsProtocol):
         """httptools': a head has arrived at its parser's ``on_headers_complete``; a request
-        is in flight until its response is complete (a pipelined one's head came earlier)."""
+        is in flight until its response is complete (a pipelined one's head came earlier). Its
+        parser calls a header back only once it is whole, and keeps a header that never ends to
+        itself, so a head's size is counted two ways, each at most the head's: its url and
+        headers as they complete, and the chunks read wholly within one head."""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._in_head, self._parsed, self._head_bytes, self._chunk_bytes = True, 0, 0, 0
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            before = (self._in_head, self._parsed)  # in a head, and none began or ended in this chunk
+            super().data_received(data)
+            if self._in_head and (self._in_head, self._parsed) == before:
+                self._chunk_bytes += len(data)
+                if self._chunk_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                    self.send_400_response(f"a request head past {MAX_HEAD_BYTES} bytes")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -117,7 +135,12 @@ if httptools is not None:
 
         def on_headers_complete(self) -> None:
             self._head_arrived()
+            self._in_head, self._parsed = False, self._parsed + 1
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_head, self._parsed, self._chunk_bytes = True, self._parsed + 1, 0  # the next head's
 
         def _count(self, size: int) -> None:
             """Raised in a parser callback, the error fails the parse: uvicorn answers 400 and

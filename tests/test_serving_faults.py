@@ -131,6 +131,42 @@ def test_a_head_without_end_is_refused_at_its_limit(guarded):
     assert post(guarded.port, "/v2/models/tagger/infer", infer_body(feeds))[0] == 200
 
 
+def test_one_header_without_end_is_refused_at_the_head_limit(guarded):
+    """One header value sent fast and never ended (httptools' parser calls nothing back until
+    a header is whole): 400 and closed once past the limit, not grown until the head timeout."""
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.sendall(b"POST /v2/models/tagger/infer HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(64):
+                sock.sendall(b"a" * 4096)
+                time.sleep(0.001)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        start = time.monotonic()
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert time.monotonic() - start < 0.4  # refused for its size, not closed by the 0.5 s head timeout
+
+
+def test_a_body_that_keeps_coming_after_its_answer_is_cut_off(guarded):
+    """Answered before its body was read (an unknown model: 404), a request whose body still
+    trickles in holds the connection no longer than a head may take."""
+    with socket.create_connection(("127.0.0.1", guarded.port)) as sock:
+        sock.sendall(b"POST /v2/models/nobody/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 404")
+        start = time.monotonic()
+        closed = False
+        try:
+            while time.monotonic() - start < 5:
+                sock.sendall(b" ")
+                time.sleep(0.05)
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+        closed = closed or closed_by_server(sock, within=0.5)
+    assert closed and time.monotonic() - start < 3
+
+
 def test_requests_slower_than_the_head_timeout_are_answered_pipelined_too(guarded):
     """The head timeout runs only while a head is awaited: two requests sent back to back on one
     connection (the second's head in before the first's answer), each answered 0.8 s after

@@ -174,5 +174,7 @@ def test_a_served_model_takes_the_served_margin_and_a_session_its_own() -> None:
     assert Engine(model, name="chain", alone_when_faster=False).runner.session._ways is None
     assert InferenceSession(model)._ways.margin == MARGIN
     assert InferenceSession(model, alone_when_faster=2.0)._ways.margin == 2.0
-    with pytest.raises(ValueError, match="a margin of at least 1"):
-        InferenceSession(model, alone_when_faster=0.5)
+    assert InferenceSession(model, alone_when_faster=np.True_)._ways.margin == MARGIN
+    for refused in (0.5, 0):
+        with pytest.raises(ValueError, match="a margin of at least 1"):
+            InferenceSession(model, alone_when_faster=refused)
