@@ -108,7 +108,7 @@ class Engine:
                              f"{type(model).__name__}")
         # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
         threads = max(1, usable_cores() // instances) if instances > 1 else None
-        if alone_when_faster is True:  # alone must win by more in a server (``ways.SERVED_MARGIN``)
+        if isinstance(alone_when_faster, (bool, np.bool_)) and alone_when_faster:  # alone must win by more in a server
             alone_when_faster = SERVED_MARGIN
         self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)
         self.runners = [self.runner]

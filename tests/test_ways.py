@@ -171,6 +171,7 @@ def test_a_served_model_takes_the_served_margin_and_a_session_its_own() -> None:
     model = _chain(3)
     engine = Engine(model, name="chain", backend="onnxruntime")
     assert engine.runner.session._ways.margin == SERVED_MARGIN
+    assert Engine(model, name="chain", alone_when_faster=np.True_).runner.session._ways.margin == SERVED_MARGIN
     assert Engine(model, name="chain", alone_when_faster=False).runner.session._ways is None
     assert InferenceSession(model)._ways.margin == MARGIN
     assert InferenceSession(model, alone_when_faster=2.0)._ways.margin == 2.0
