@@ -25,7 +25,7 @@ from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, OrtSettings, declar
 from autobatch.ir.records import LEAF
 from autobatch.batcher.plan import (LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step, Template,
                                     Unpadded)
-from autobatch.batcher.sequences import CHUNK, RECURRENT, run_chunks
+from autobatch.batcher.sequences import COST, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
 
@@ -128,12 +128,13 @@ class FlatExecutor:
     that backend's configuration (templates keep one prepared run per key)."""
 
     def __init__(self, prepare: Callable[[Template], TemplateRun], backend_key: Hashable,
-                 snapshots: WeightSnapshots | None = None, sequence_chunk: int | None = CHUNK) -> None:
+                 snapshots: WeightSnapshots | None = None, sequence_chunk: int | None = COST) -> None:
         self.prepare = prepare
         self.backend_key = backend_key
         self.snapshots = snapshots  # given: runners with ``bakeable`` inputs may bake stable weights
-        # Sequences a padded call of a recurrent layer (None: all in one call, for a backend
-        # whose layer skips the rows of finished sequences: ``batcher.sequences``).
+        # Sequences a padded call of a recurrent layer (``COST``: as ``batcher.sequences.CALL_COST``
+        # models fastest; None: all in one call, for a backend whose layer skips the rows of
+        # finished sequences).
         self.sequence_chunk = sequence_chunk
 
     def runner(self, template: Template) -> TemplateRun:

@@ -10,7 +10,7 @@ import numpy as np
 from onnx import helper
 
 from autobatch.batcher.plan import Block, Step
-from autobatch.batcher.sequences import CHUNK
+from autobatch.batcher.sequences import COST
 from autobatch.ir.records import LEAF
 
 Entry = tuple[str, int]  # where a row lives: row ``index`` of ``tensor`` (``lowering.WHOLE``: the tensor itself)
@@ -88,7 +88,7 @@ class StepKinds:
                 zeros = self.constant(np.zeros((1, *self.kind(write)[0]), dtype))
                 results.append([(zeros, 0)] * step.size)
         own = [(k, state, template.graph.values[f"x{k}"].type.shape) for k, state in zip(template.stacked[1:], states)]
-        for part in step.chunked(CHUNK):
+        for part in step.chunked(COST):
             size = len(part.members)
             feeds["x0"] = self.reshaped(self.rows_of(padded, part.source.tolist()), [-1, size, width])
             feeds["x4"] = self.constant(part.lengths)

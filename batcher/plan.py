@@ -18,7 +18,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from autobatch.batcher.folds import Level
-from autobatch.batcher.sequences import Chunk, chunks
+from autobatch.batcher.sequences import COST, Chunk, chunks, row_step_flops
 from autobatch.ir import Graph
 
 # Element types an arena holds as a plain NumPy array (the others need ml_dtypes conversions).
@@ -255,13 +255,15 @@ class Step:
     _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
 
     def chunked(self, size: int | None) -> list[Chunk]:
-        """A recurrent layer's members in padded calls of ``size`` (None: one call), longest
-        first (``batcher.sequences``); worked out once a size, as a plan may serve many runs."""
+        """A recurrent layer's members in padded calls of ``size`` (None: one call; ``COST``:
+        as many as ``batcher.sequences.CALL_COST`` models as fastest), longest first; worked out
+        once a size, as a plan may serve many runs."""
         parts = self._chunks.get(size)
         if parts is None:
             assert self.groups is not None
             lengths = [length for length, count in self.groups for _ in range(count)]
-            parts = self._chunks[size] = chunks(lengths, size or len(lengths))
+            parts = self._chunks[size] = chunks(lengths, row_flops=row_step_flops(self.template)) if size == COST \
+                else chunks(lengths, size or len(lengths))
         return parts
 
 

@@ -2,17 +2,21 @@
 
 One instance's LSTM, GRU or RNN reads its sequence as ``X [n, 1, d]`` (time-major, a batch of
 one). Calls of one layer over sequences of different lengths become one step: the members are
-sorted by length and cut into chunks of ``CHUNK`` sequences; each chunk is padded to its
-longest member and runs as one call of the layer with ``sequence_lens``. The ONNX layers give a
+sorted by length and cut into chunks; each chunk is padded to its longest member and runs as
+one call of the layer with ``sequence_lens``. The ONNX layers give a
 sequence past its length its last state and zero outputs, so padding changes no member's
 result (a reverse layer reads each sequence from its own end). An empty sequence is in no chunk: its
 final states are zeros, as ONNX defines them (onnxruntime, run on it alone, leaves them
 uninitialized).
 
-Chunks bound the padding: onnxruntime computes every row of a padded step. Measured here (64
-WikiNER sentences; LSTM of 256 on 256; 2 threads; ``python -m benchmarks.sequence_chunks``,
-numbers in benchmarks/README.md): chunks of 8 ran about twice as fast as one padded call of all
-64, and faster than chunks of 4 (smaller products run slower a row) or of 16 and 32 (more padding).
+Chunks bound the padding: onnxruntime computes every row of a padded step. But a call, and each
+of its steps, also costs a fixed time, and a step's product runs slower a row over few rows, so
+how many sequences a chunk should hold depends on the layer and the lengths: over 64 WikiNER
+sentences (lengths 7..58, an LSTM of 256 on 256) chunks of 8 ran about twice as fast as one
+padded call of all 64 and faster than chunks of 4, 16 or 32 (``python -m benchmarks.
+sequence_chunks``), while the char tagger's 400 words (lengths 1..16, 128 on 64) ran fastest in
+chunks of about 100. The executor cuts chunks by a model of a call's cost (``CallCost``); a
+fixed ``CHUNK`` remains for callers that ask for one.
 
 Only the plain case is taken: ``layout`` 0, shared weights, no ``sequence_lens``, and initial
 states not given, shared zeros (as exporters write them) or each instance's own ``[dirs, 1, h]``
@@ -32,7 +36,8 @@ from autobatch.batcher.rule_tables import Refusal, refuse
 from autobatch.ir import ValueType, attribute_value
 
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
-CHUNK = 8  # sequences a padded call (see the module)
+CHUNK = 8  # sequences a padded call of a fixed size (see the module)
+COST = 0  # a chunk size that asks for chunks by ``CallCost`` instead
 SEQUENCE_LENS = 4  # the input index of ``sequence_lens``
 PEEPHOLE = 7  # LSTM's ``P``: shared like the weights; the inputs between are initial states
 
@@ -91,6 +96,63 @@ class Chunk:
     targets: np.ndarray
 
 
+@dataclass(frozen=True)
+class CallCost:
+    """What a padded call of a recurrent layer costs, by parts: the call (with the gathers and
+    writes around it), each of its time steps, and the arithmetic of each padded row of a step.
+    Measured on onnxruntime's CPU LSTM here (2 threads, ``python -m benchmarks.sequence_chunks``:
+    about 20 us a call and 6-12 us a step inside onnxruntime, 250-300 GFLOP/s on a step's rows
+    from 8 of them; the executor's own gathers and writes about 80 us more a call)."""
+
+    call: float = 1e-4  # seconds
+    step: float = 8e-6  # seconds
+    flops: float = 2.5e11  # a second
+    most: int = 256  # sequences a call at most, however cheap: its padded input and gates stay small
+
+    def chunks(self, lengths: np.ndarray, row_flops: float) -> list[np.ndarray]:
+        """The members of each call (longest first; an empty sequence in none) for the least
+        modelled time, for a layer of ``row_flops`` a sequence's step. A call costs ``call +
+        T * (step + n * row)`` for its n sequences padded to the longest, T: larger calls launch
+        less often and make larger products, but pad the shorter sequences to the longest.
+        A call starts where a run of one length does (moving the end of a run into the call
+        that holds the rest of it pads nothing more), or ``most`` before a call that starts so
+        (the call holding the rest is full)."""
+        order = np.argsort(-lengths, kind="stable")
+        order = order[lengths[order] > 0]
+        ordered = lengths[order]
+        n = len(ordered)
+        if n == 0:
+            return []
+        runs = np.r_[np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]), n]
+        starts = np.unique(np.concatenate([np.arange(end, -1, -self.most) for end in runs]))
+        row = row_flops / self.flops
+        best = np.zeros(len(starts))  # the least time of the members before each start
+        came = np.zeros(len(starts), dtype=np.int64)  # where the last call of that best begins
+        longest = ordered[starts[:-1]].astype(np.float64)
+        for k in range(1, len(starts)):
+            first = int(np.searchsorted(starts, starts[k] - self.most))  # calls of at most ``most``
+            members = starts[k] - starts[first:k]
+            total = best[first:k] + self.call + longest[first:k] * (self.step + members * row)
+            j = int(np.argmin(total))
+            best[k], came[k] = total[j], first + j
+        cuts, k = [], len(starts) - 1
+        while k:
+            cuts.append((starts[came[k]], starts[k]))
+            k = came[k]
+        return [order[a:b] for a, b in reversed(cuts)]
+
+
+CALL_COST = CallCost()
+
+
+def row_step_flops(template: Any) -> float:
+    """The arithmetic of one sequence's step of a recurrent layer's template: its input and
+    recurrent products, each direction (``[dirs, gates * h, d]`` and ``[dirs, gates * h, h]``)."""
+    node = next(node for node in template.graph.nodes.values() if node.op_type in RECURRENT)
+    dirs, gated, inputs = template.graph.values[node.inputs[1]].type.shape
+    return 2.0 * dirs * gated * (inputs + template.graph.values[node.inputs[2]].type.shape[2])
+
+
 def chunk_members(lengths: np.ndarray, size: int = CHUNK) -> list[np.ndarray]:
     """The members of each chunk of ``size`` (``chunks``' order: longest first; an empty
     sequence in none, as it needs no call: its states stay zero)."""
@@ -99,14 +161,15 @@ def chunk_members(lengths: np.ndarray, size: int = CHUNK) -> list[np.ndarray]:
     return [order[first:first + size] for first in range(0, len(order), size)]
 
 
-def chunks(lengths: Sequence[int], size: int = CHUNK) -> list[Chunk]:
+def chunks(lengths: Sequence[int], size: int = CHUNK, row_flops: float | None = None) -> list[Chunk]:
     """The chunks of ``size`` members of these lengths (in the step's order, their rows one
-    after the other), longest first."""
+    after the other), longest first; with ``row_flops`` (a step of one sequence), the chunks
+    ``CALL_COST`` models as fastest."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     rows = int(lengths.sum())
     result = []
-    for members in chunk_members(lengths, size):
+    for members in CALL_COST.chunks(lengths, row_flops) if row_flops is not None else chunk_members(lengths, size):
         steps = np.arange(lengths[members[0]])[:, None]
         inside = steps < lengths[members][None, :]
         source = np.where(inside, starts[members][None, :] + steps, rows)

@@ -1,11 +1,13 @@
 """How ``batcher.sequences`` cuts a layer's sequences into padded calls: onnxruntime's LSTM over
-the first 64 WikiNER dev sentences (synthetic ones of the same statistics without the data),
-padded in chunks of several sizes, and with its weights fed or baked in, side by side.
+the first 64 WikiNER dev sentences (synthetic ones of the same statistics without the data), and
+over the characters of the words the char tagger spells in them, padded in chunks of several
+sizes and in the chunks the library's cost model picks, weights fed or baked in, side by side.
 
     python -m benchmarks.sequence_chunks [--size 256] [--sentences 64] [--repeats 7]
 
-Each variant runs the whole minibatch (every chunk, the padding gathers included) and keeps
-the fastest of ``--repeats`` runs; ratios are against the chunk size the library uses.
+The words' LSTM is ``--size`` on ``--size``; the characters' is ``--size // 2`` on 64, as in the
+char tagger. Each variant runs the whole minibatch (every chunk, the padding gathers included)
+and keeps the fastest of ``--repeats`` runs; ratios are against the library's chunks.
 """
 
 from __future__ import annotations
@@ -19,22 +21,24 @@ from onnx import TensorProto, helper, numpy_helper
 from autobatch import arguments
 from autobatch.batcher.sequences import CHUNK, chunks
 from autobatch.datasets import wikiner_sentences
+from autobatch.examples import char_tagger
 from autobatch.ir.onnx_io import choose_ir_version
+from benchmarks.tasks import CHAR_VOCABULARY_SENTENCES
 from benchmarks.timing import timed
 
-CHUNK_SIZES = (4, 8, 16, 32)
+CHUNK_SIZES = (4, 8, 16, 32, 128)
 THREADS = 2
 
 
-def layer_session(direction: str, size: int, baked: bool, rng: np.random.Generator,
+def layer_session(direction: str, width: int, size: int, baked: bool, rng: np.random.Generator,
                   ) -> tuple[ort.InferenceSession, dict[str, np.ndarray]]:
-    """An LSTM over ``X [T, B, size]`` with ``sequence_lens``; W, R, B initializers when
-    ``baked``, else inputs (returned as feeds)."""
+    """An LSTM of ``size`` over ``X [T, B, width]`` with ``sequence_lens``; W, R, B
+    initializers when ``baked``, else inputs (returned as feeds)."""
     dirs = 2 if direction == "bidirectional" else 1
-    weights = {"W": rng.standard_normal((dirs, 4 * size, size)), "R": rng.standard_normal((dirs, 4 * size, size)),
+    weights = {"W": rng.standard_normal((dirs, 4 * size, width)), "R": rng.standard_normal((dirs, 4 * size, size)),
                "B": np.zeros((dirs, 8 * size))}
     weights = {name: (value / np.sqrt(size)).astype(np.float32) for name, value in weights.items()}
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", size]),
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", width]),
               helper.make_tensor_value_info("lengths", TensorProto.INT32, ["B"])]
     if not baked:
         inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, value.shape) for name, value in weights.items()]
@@ -51,38 +55,50 @@ def layer_session(direction: str, size: int, baked: bool, rng: np.random.Generat
 
 def main(argv: list[str] | None = None) -> None:
     parser = arguments.parser("python -m benchmarks.sequence_chunks", __doc__.splitlines()[0])
-    parser.add_argument("--size", type=arguments.integer(1), default=256, help="input = hidden size")
+    parser.add_argument("--size", type=arguments.integer(2), default=256, help="input = hidden size of the words' LSTM")
     parser.add_argument("--sentences", type=arguments.integer(1), default=64)
     parser.add_argument("--repeats", type=arguments.integer(1), default=7)
     args = parser.parse_args(argv)
-    sentences, source = wikiner_sentences(limit=args.sentences)
-    lengths = [len(s) for s in sentences]
+    corpus, source = wikiner_sentences(limit=max(CHAR_VOCABULARY_SENTENCES, args.sentences))
+    words = char_tagger.make_vocabularies(corpus)[0]
+    sentences = corpus[:args.sentences]
+    spelled = [len(w) + 2 for s in sentences for w, _ in s if char_tagger.is_spelled(w, words)]  # a pad each end
     rng = np.random.default_rng(0)
-    rows = rng.standard_normal((sum(lengths) + 1, args.size)).astype(np.float32)
-    rows[-1] = 0  # the padding row
-    print(f"{len(lengths)} sentences from {source}: {sum(lengths)} tokens, lengths {min(lengths)}..{max(lengths)}; "
-          f"LSTM of {args.size} on {args.size}, onnxruntime {ort.__version__}, {THREADS} threads; "
+    print(f"{len(sentences)} sentences from {source}; onnxruntime {ort.__version__}, {THREADS} threads; "
           f"fastest of {args.repeats} runs")
+    layers = [("words", [len(s) for s in sentences], args.size, args.size),
+              ("characters", spelled, char_tagger.CHAR_EMBEDDING, args.size // 2)]
+    for name, lengths, width, size in layers:
+        print(f"\n{name}: {len(lengths)} sequences, {sum(lengths)} steps, lengths {min(lengths)}..{max(lengths)}; "
+              f"LSTM of {size} on {width}")
+        rows = rng.standard_normal((sum(lengths) + 1, width)).astype(np.float32)
+        rows[-1] = 0  # the padding row
 
-    def minibatch(session: ort.InferenceSession, feeds: dict[str, np.ndarray], size: int) -> Callable[[], None]:
-        parts = [(part.source, len(part.members), part.lengths) for part in chunks(lengths, size)]
+        def minibatch(session: ort.InferenceSession, feeds: dict[str, np.ndarray], size: int | None,
+                      row_flops: float | None = None) -> Callable[[], None]:
+            parts = [(part.source, len(part.members), part.lengths)
+                     for part in chunks(lengths, size or len(lengths), row_flops)]
 
-        def run() -> None:
-            for source, members, part_lengths in parts:
-                x = rows.take(source, axis=0).reshape(-1, members, args.size)
-                session.run(None, {"X": x, "lengths": part_lengths, **feeds})
-        return run
+            def run() -> None:
+                for source, members, part_lengths in parts:
+                    x = rows.take(source, axis=0).reshape(-1, members, width)
+                    session.run(None, {"X": x, "lengths": part_lengths, **feeds})
+            return run
 
-    for direction in ("forward", "bidirectional"):
-        session, _ = layer_session(direction, args.size, True, rng)
-        fed_session, weights = layer_session(direction, args.size, False, rng)
-        seconds = {f"chunks of {c}, baked": timed(minibatch(session, {}, c), args.repeats)[1] for c in CHUNK_SIZES}
-        seconds["one padded call, baked"] = timed(minibatch(session, {}, len(lengths)), args.repeats)[1]
-        seconds[f"chunks of {CHUNK}, fed"] = timed(minibatch(fed_session, weights, CHUNK), args.repeats)[1]
-        ours = seconds[f"chunks of {CHUNK}, baked"]
-        print(f"\n{direction}:")
-        for name, value in seconds.items():
-            print(f"  {name:24} {value * 1e3:7.2f} ms   {value / ours:5.2f}x the library's (chunks of {CHUNK}, baked)")
+        for direction in ("forward", "bidirectional"):
+            dirs = 2 if direction == "bidirectional" else 1
+            row_flops = 2.0 * dirs * 4 * size * (width + size)
+            session, _ = layer_session(direction, width, size, True, rng)
+            fed_session, weights = layer_session(direction, width, size, False, rng)
+            seconds = {"by cost (the library's), baked": timed(minibatch(session, {}, None, row_flops), args.repeats)[1]}
+            seconds.update((f"chunks of {c}, baked", timed(minibatch(session, {}, c), args.repeats)[1]) for c in CHUNK_SIZES)
+            seconds["one padded call, baked"] = timed(minibatch(session, {}, None), args.repeats)[1]
+            seconds[f"chunks of {CHUNK}, fed"] = timed(minibatch(fed_session, weights, CHUNK), args.repeats)[1]
+            calls = len(chunks(lengths, row_flops=row_flops))
+            ours = seconds["by cost (the library's), baked"]
+            print(f"  {direction} (the library's: {calls} calls):")
+            for variant, value in seconds.items():
+                print(f"    {variant:32} {value * 1e3:7.2f} ms   {value / ours:5.2f}x the library's")
 
 
 if __name__ == "__main__":

@@ -46,10 +46,11 @@ def test_sequence_chunks_benchmark_compares_every_variant(capsys) -> None:
 
     sequence_chunks.main(["--sentences", "9", "--size", "8", "--repeats", "1"])
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
-    for variant in ("chunks of 4, baked", "chunks of 8, baked", "chunks of 32, baked", "one padded call, baked",
-                    "chunks of 8, fed"):
-        assert sum(line.startswith(variant) for line in lines) == 2  # forward and bidirectional
-    assert sum(line.startswith("chunks of 8, baked") and "1.00x the library's" in line for line in lines) == 2
+    for variant in ("by cost (the library's), baked", "chunks of 4, baked", "chunks of 8, baked", "chunks of 32, baked",
+                    "one padded call, baked", "chunks of 8, fed"):
+        assert sum(line.startswith(variant) for line in lines) == 4  # words and characters, each way
+    assert sum(line.startswith("by cost (the library's), baked") and "1.00x the library's" in line for line in lines) == 4
+    assert [line.split(":")[0] for line in lines if line.startswith(("words", "characters"))] == ["words", "characters"]
 
 
 @pytest.mark.parametrize("module, flag, checked, systems", [

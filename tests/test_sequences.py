@@ -13,7 +13,8 @@ from autobatch import Batch, Parameter, TraceError, ops
 from autobatch.backends.flat_executor import OrtTemplate
 from autobatch.batch import TRACED_TEMPLATES
 from autobatch.batcher.plan import Template
-from autobatch.batcher.sequences import CHUNK, chunks
+from autobatch.batcher import sequences as sequences_module
+from autobatch.batcher.sequences import CHUNK, CallCost, chunks
 
 # More members than a chunk holds, lengths in no order, some repeated.
 LENGTHS = [3, 1, 5, 3, 2, 9, 4, 12, 1, 7, 5, 6, 2, 11, 8, 3, 10, 4, 6]
@@ -80,9 +81,11 @@ def stated_model(op: str, direction: str, rng: np.random.Generator) -> onnx.Mode
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-def test_initial_states_of_each_instance_own_pack_across_lengths(backend, op, direction):
+def test_initial_states_of_each_instance_own_pack_across_lengths(backend, op, direction, monkeypatch):
     """Each sequence starts from its own states, stacked a column a sequence in each chunk:
-    still one launch a layer, and each result equals its instance alone, run and lowered."""
+    still one launch a layer, and each result equals its instance alone, run and lowered (in
+    calls of at most 4 sequences, so that there are several)."""
+    monkeypatch.setattr(sequences_module, "CALL_COST", CallCost(most=4))
     rng = np.random.default_rng(len(op) + len(direction))
     model = stated_model(op, direction, rng)
     session = autobatch.InferenceSession(model, backend=backend)
@@ -93,7 +96,9 @@ def test_initial_states_of_each_instance_own_pack_across_lengths(backend, op, di
     batched = session.run_batch(None, instances)
     assert session.stats.report.launches == 1, session.stats.report
     lowered = session.plan_model(instances)
-    assert sum(node.op_type == op for node in lowered.graph.node) == -(-len(LENGTHS) // CHUNK)
+    dirs_flops = 2.0 * dirs * GATES[op] * H * (D + H)
+    calls = len(sequences_module.CALL_COST.chunks(np.array(LENGTHS), dirs_flops))
+    assert calls >= -(-len(LENGTHS) // 4) and sum(node.op_type == op for node in lowered.graph.node) == calls
     ort_session = ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {f"i{k}/{name}": value for k, instance in enumerate(instances) for name, value in instance.items()}
     names = [o.name for o in ort_session.get_outputs()]
@@ -243,10 +248,11 @@ def test_lookup_of_many_rows_refuses_bad_indices():
 
 
 # ----------------------------------------------------------------------------- weights baked in
-def test_lstm_weights_are_baked_and_never_read_stale():
+def test_lstm_weights_are_baked_and_never_read_stale(monkeypatch):
     """onnxruntime packs an LSTM's W and R when they are constants: they are baked in from the
-    second run on (a step of three chunks launches them three times), and one changed in place
-    after a run is read anew (``backends.baked_weights``)."""
+    second run on (a step of three calls, of at most 8 sequences each, launches them three
+    times), and one changed in place after a run is read anew (``backends.baked_weights``)."""
+    monkeypatch.setattr(sequences_module, "CALL_COST", CallCost(most=CHUNK))
     rng = np.random.default_rng(3)
     width = 64  # R is 64 KiB: big enough to bake
     W = Parameter((rng.standard_normal((1, 4 * width, width)) * 0.1).astype(np.float32))
@@ -273,3 +279,43 @@ def test_lstm_weights_are_baked_and_never_read_stale():
         np.testing.assert_allclose(before, numpy_lstm(x, W.array[0], R.array[0] * 2, zeros, False), rtol=1e-4,
                                    atol=1e-5)
         np.testing.assert_allclose(after, numpy_lstm(x, W.array[0], R.array[0], zeros, False), rtol=1e-4, atol=1e-5)
+
+
+def _modelled(cost: CallCost, lengths: np.ndarray, calls: list[np.ndarray], row_flops: float) -> float:
+    return sum(cost.call + lengths[c].max() * (cost.step + len(c) * row_flops / cost.flops) for c in calls)
+
+
+@pytest.mark.parametrize("row_flops", [1e3, 4e5, 2e6, 5e7])
+def test_calls_by_cost_are_the_cheapest_modelled(row_flops):
+    """Over sequences sorted longest first, the calls the cost model picks cost no more (as it
+    models them) than any other way of cutting them into calls, every one tried; each nonempty
+    sequence is in one call, none holds more than ``most``, an empty one in none."""
+    import itertools
+
+    rng = np.random.default_rng(int(row_flops))
+    cost = CallCost(most=5)
+    for _ in range(20):
+        lengths = rng.integers(0, 12, size=int(rng.integers(1, 11)))
+        calls = cost.chunks(lengths, row_flops)
+        members = np.concatenate(calls) if calls else np.zeros(0, dtype=np.int64)
+        assert sorted(members.tolist()) == np.flatnonzero(lengths > 0).tolist()
+        assert all(len(c) <= cost.most for c in calls)
+        assert [int(lengths[c].max()) for c in calls] == sorted((int(lengths[c].max()) for c in calls), reverse=True)
+        order = np.argsort(-lengths, kind="stable")
+        order = order[lengths[order] > 0]
+        best = min((_modelled(cost, lengths, [order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], row_flops)
+                    for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k)
+                    if all(b - a <= cost.most for a, b in zip((0, *cuts), (*cuts, len(order))))), default=0.0)
+        assert _modelled(cost, lengths, calls, row_flops) <= best + 1e-12
+
+
+def test_calls_grow_where_steps_are_cheap_and_lengths_alike():
+    """Many short sequences of a small layer go in a few large calls; a large layer's sequences
+    of very different lengths in several, so that the short ones are not padded to the long."""
+    cost = CallCost()
+    alike = np.repeat([9, 8, 7, 6], 100)
+    assert len(cost.chunks(alike, 4e5)) <= 4
+    spread = np.array([60, 55, 50, 44, 30, 25, 22, 20, 18, 17, 16, 15, 12, 10, 9, 8, 7, 6, 5, 5] * 3)
+    calls = cost.chunks(spread, 2e6)
+    assert len(calls) >= 3 and max(len(c) for c in calls) < len(spread)
+    assert len(cost.chunks(np.full(1000, 3), 4e5)) == -(-1000 // cost.most)  # at most ``most`` a call
