@@ -145,12 +145,18 @@ class CallCost:
 CALL_COST = CallCost()
 
 
-def row_step_flops(template: Any) -> float:
+def row_step_flops(template: Any) -> float | None:
     """The arithmetic of one sequence's step of a recurrent layer's template: its input and
-    recurrent products, each direction (``[dirs, gates * h, d]`` and ``[dirs, gates * h, h]``)."""
-    node = next(node for node in template.graph.nodes.values() if node.op_type in RECURRENT)
-    dirs, gated, inputs = template.graph.values[node.inputs[1]].type.shape
-    return 2.0 * dirs * gated * (inputs + template.graph.values[node.inputs[2]].type.shape[2])
+    recurrent products, each direction (``[dirs, gates * h, d]`` and ``[dirs, gates * h, h]``);
+    None where their shapes are not known."""
+    graph = template.graph
+    node = next(node for node in graph.nodes.values() if node.op_type in RECURRENT)
+    w, r = (graph.values[name].type if name in graph.values else None for name in node.inputs[1:3])
+    shapes = [vtype.shape if vtype is not None and vtype.is_static and len(vtype.shape) == 3 else None for vtype in (w, r)]
+    if shapes[0] is None or shapes[1] is None:
+        return None
+    dirs, gated, inputs = shapes[0]
+    return 2.0 * dirs * gated * (inputs + shapes[1][2])
 
 
 def chunk_members(lengths: np.ndarray, size: int = CHUNK) -> list[np.ndarray]:

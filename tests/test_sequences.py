@@ -319,3 +319,28 @@ def test_calls_grow_where_steps_are_cheap_and_lengths_alike():
     calls = cost.chunks(spread, 2e6)
     assert len(calls) >= 3 and max(len(c) for c in calls) < len(spread)
     assert len(cost.chunks(np.full(1000, 3), 4e5)) == -(-1000 // cost.most)  # at most ``most`` a call
+
+
+def test_a_layer_of_unknown_width_runs_in_fixed_chunks():
+    """Where the template does not say its weights' shapes (so neither its arithmetic), the
+    calls are chunks of ``CHUNK``; where it does, the cost model's."""
+    from autobatch.batcher.plan import Step
+    from autobatch.batcher.sequences import COST, row_step_flops
+    from autobatch.ir import Graph, ValueType
+
+    def template(weights: tuple) -> Template:
+        graph = Graph("layer", {"": 18})
+        graph.add_input("x0", ValueType.tensor(np.float32, ("T", "N", D)))
+        for name, shape in zip(("w1", "w2"), weights):
+            graph.add_input(name, ValueType.tensor(np.float32, shape))
+        graph.add_node("LSTM", ["x0", "w1", "w2"], ["y"], {"hidden_size": H})
+        graph.add_output("y")
+        return Template(graph, [0], [1, 2], once=False, sequences=(0,))
+
+    groups = [(5, 40)]  # 40 sequences of 5 steps: one call by cost (a tiny layer), five in chunks of 8
+    unknown = template(((1, "G", D), (1, 4 * H, H)))
+    assert row_step_flops(unknown) is None
+    assert [len(p.members) for p in Step(unknown, 40, [], [], [], groups=groups).chunked(COST)] == [CHUNK] * 5
+    known = template(((1, 4 * H, D), (1, 4 * H, H)))
+    assert row_step_flops(known) == 2.0 * 4 * H * (D + H)
+    assert [len(p.members) for p in Step(known, 40, [], [], [], groups=groups).chunked(COST)] == [40]
