@@ -128,7 +128,7 @@ class FlatExecutor:
     that backend's configuration (templates keep one prepared run per key)."""
 
     def __init__(self, prepare: Callable[[Template], TemplateRun], backend_key: Hashable,
-                 snapshots: WeightSnapshots | None = None, sequence_chunk: int | None = COST) -> None:
+                 snapshots: WeightSnapshots | None = None, sequence_chunk: int | str | None = COST) -> None:
         self.prepare = prepare
         self.backend_key = backend_key
         self.snapshots = snapshots  # given: runners with ``bakeable`` inputs may bake stable weights
@@ -244,9 +244,11 @@ class FlatExecutor:
     def _baked_by_step(self, plan: FlatPlan, weights: Mapping[str, np.ndarray]) -> list[list[dict[str, Snapshot]]]:
         """Per step, per template it runs (``_launches``), the weights its runner reads baked
         this run, by input name: those it may bake (``bakeable``) that are big enough, launched
-        often enough (or frozen), and unchanged since their snapshot (checked once a run)."""
+        often enough (or frozen, or a recurrent layer's), and unchanged since their snapshot
+        (checked once a run)."""
         bakeable_by_step: list[list[list[tuple[str, str]]]] = []  # per step, per template: (input, weight)
         launches: dict[str, int] = {}
+        recurrent: set[str] = set()  # read by a recurrent layer, which packs them whole a call
         for step in plan.steps:
             per_template = []
             for template, names, runs in self._launches(step):
@@ -254,13 +256,15 @@ class FlatExecutor:
                 pairs = [(f"w{i}", name) for i, name in zip(template.fed, names) if f"w{i}" in bakeable]
                 for _, name in pairs:
                     launches[name] = launches.get(name, 0) + runs
+                    if template.sequences:
+                        recurrent.add(name)
                 per_template.append(pairs)
             bakeable_by_step.append(per_template)
         stable: dict[str, Snapshot] = {}
         for name, count in launches.items():
             array = weights[name]
             if (isinstance(array, np.ndarray) and array.nbytes >= BAKE_MIN_BYTES
-                    and (count >= BAKE_MIN_LAUNCHES or is_frozen(array))):  # a frozen one costs no compare
+                    and (count >= BAKE_MIN_LAUNCHES or name in recurrent or is_frozen(array))):  # a frozen one costs no compare
                 snapshot = self.snapshots.stable(array)  # type: ignore[union-attr]
                 if snapshot is not None:
                     stable[name] = snapshot

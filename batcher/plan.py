@@ -252,9 +252,9 @@ class Step:
     groups: list[tuple[int, int]] | None = None  # (length, members) in the order the members' rows are read
     segment: RowReduction | None = None
     fold: list[Level] | None = None  # a fold's launches: the leaves', then a level's each (``batcher.folds``)
-    _chunks: dict[int | None, list[Chunk]] = field(default_factory=dict)
+    _chunks: dict[int | str | None, list[Chunk]] = field(default_factory=dict)
 
-    def chunked(self, size: int | None) -> list[Chunk]:
+    def chunked(self, size: int | str | None) -> list[Chunk]:
         """A recurrent layer's members in padded calls of ``size`` (None: one call; ``COST``:
         as many as ``batcher.sequences.CALL_COST`` models as fastest), longest first; worked out
         once a size, as a plan may serve many runs."""

@@ -14,8 +14,8 @@ of its steps, also costs a fixed time, and a step's product runs slower a row ov
 how many sequences a chunk should hold depends on the layer and the lengths: over 64 WikiNER
 sentences (lengths 7..58, an LSTM of 256 on 256) chunks of 8 ran about twice as fast as one
 padded call of all 64 and faster than chunks of 4, 16 or 32 (``python -m benchmarks.
-sequence_chunks``), while the char tagger's 400 words (lengths 1..16, 128 on 64) ran fastest in
-chunks of about 100. The executor cuts chunks by a model of a call's cost (``CallCost``); a
+sequence_chunks``), while the char tagger's 481 words (lengths 4..16, 128 on 64) ran fastest in
+chunks of 32 or more. The executor cuts chunks by a model of a call's cost (``CallCost``); a
 fixed ``CHUNK`` remains for callers that ask for one.
 
 Only the plain case is taken: ``layout`` 0, shared weights, no ``sequence_lens``, and initial
@@ -37,7 +37,7 @@ from autobatch.ir import ValueType, attribute_value
 
 RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 CHUNK = 8  # sequences a padded call of a fixed size (see the module)
-COST = 0  # a chunk size that asks for chunks by ``CallCost`` instead
+COST = "by cost"  # asked for instead of a chunk size: the chunks ``CALL_COST`` models as fastest
 SEQUENCE_LENS = 4  # the input index of ``sequence_lens``
 PEEPHOLE = 7  # LSTM's ``P``: shared like the weights; the inputs between are initial states
 
@@ -100,37 +100,42 @@ class Chunk:
 class CallCost:
     """What a padded call of a recurrent layer costs, by parts: the call (with the gathers and
     writes around it), each of its time steps, and the arithmetic of each padded row of a step.
-    Measured on onnxruntime's CPU LSTM here (2 threads, ``python -m benchmarks.sequence_chunks``:
-    about 20 us a call and 6-12 us a step inside onnxruntime, 250-300 GFLOP/s on a step's rows
-    from 8 of them; the executor's own gathers and writes about 80 us more a call)."""
+    Measured on onnxruntime's CPU LSTM here, 2 threads (a sweep of one LSTM call over T and N
+    from 1 to 256, 128 on 64 and 256 on 256, a throwaway script; benchmarks/README.md): about
+    20 us a call and 6-12 us a step inside onnxruntime, 250-300 GFLOP/s on a step's rows from 8
+    of them, and the executor's own gathers and writes about 80 us more a call. Fitted to the
+    CPU executor: a lowered graph pays less a call, a GPU more."""
 
     call: float = 1e-4  # seconds
     step: float = 8e-6  # seconds
     flops: float = 2.5e11  # a second
-    most: int = 256  # sequences a call at most, however cheap: its padded input and gates stay small
+    most: int = 256  # sequences a call at most
+    rows: int = 16384  # padded (step, sequence) rows a call at most: its padded input and outputs stay bounded
 
     def chunks(self, lengths: np.ndarray, row_flops: float) -> list[np.ndarray]:
         """The members of each call (longest first; an empty sequence in none) for the least
         modelled time, for a layer of ``row_flops`` a sequence's step. A call costs ``call +
         T * (step + n * row)`` for its n sequences padded to the longest, T: larger calls launch
         less often and make larger products, but pad the shorter sequences to the longest.
-        A call starts where a run of one length does (moving the end of a run into the call
-        that holds the rest of it pads nothing more), or ``most`` before a call that starts so
-        (the call holding the rest is full)."""
-        order = np.argsort(-lengths, kind="stable")
-        order = order[lengths[order] > 0]
+        In some fastest cut the calls hold runs of the sorted lengths (moving a sequence to a
+        call of shorter ones never pads it more), and a call starts where a run of one length
+        does (moving the end of a run into the call that holds the rest of it pads nothing
+        more), or a most-sized call before a call that starts so (the call holding the rest is
+        full), so only those starts are tried."""
+        order = _longest_first(lengths)
         ordered = lengths[order]
         n = len(ordered)
         if n == 0:
             return []
+        most = max(1, min(self.most, self.rows // int(ordered[0])))
         runs = np.r_[np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]), n]
-        starts = np.unique(np.concatenate([np.arange(end, -1, -self.most) for end in runs]))
+        starts = np.unique(np.concatenate([np.arange(end, -1, -most) for end in runs]))
         row = row_flops / self.flops
         best = np.zeros(len(starts))  # the least time of the members before each start
         came = np.zeros(len(starts), dtype=np.int64)  # where the last call of that best begins
         longest = ordered[starts[:-1]].astype(np.float64)
         for k in range(1, len(starts)):
-            first = int(np.searchsorted(starts, starts[k] - self.most))  # calls of at most ``most``
+            first = int(np.searchsorted(starts, starts[k] - most))  # calls of at most ``most``
             members = starts[k] - starts[first:k]
             total = best[first:k] + self.call + longest[first:k] * (self.step + members * row)
             j = int(np.argmin(total))
@@ -145,25 +150,35 @@ class CallCost:
 CALL_COST = CallCost()
 
 
+def row_flops(dirs: int, gated: int, inputs: int, hidden: int) -> float:
+    """The arithmetic of one sequence's step of a layer: its input and recurrent products, each
+    direction (W ``[dirs, gated, inputs]``, R ``[dirs, gated, hidden]``, ``gated`` = gates * h)."""
+    return 2.0 * dirs * gated * (inputs + hidden)
+
+
 def row_step_flops(template: Any) -> float | None:
-    """The arithmetic of one sequence's step of a recurrent layer's template: its input and
-    recurrent products, each direction (``[dirs, gates * h, d]`` and ``[dirs, gates * h, h]``);
-    None where their shapes are not known."""
+    """``row_flops`` of a recurrent layer's template, from its W and R; None where their shapes
+    are not known (a template made by hand: the rules refuse weights that are not arrays)."""
     graph = template.graph
     node = next(node for node in graph.nodes.values() if node.op_type in RECURRENT)
     w, r = (graph.values[name].type if name in graph.values else None for name in node.inputs[1:3])
     shapes = [vtype.shape if vtype is not None and vtype.is_static and len(vtype.shape) == 3 else None for vtype in (w, r)]
     if shapes[0] is None or shapes[1] is None:
         return None
-    dirs, gated, inputs = shapes[0]
-    return 2.0 * dirs * gated * (inputs + shapes[1][2])
+    return row_flops(*shapes[0], shapes[1][2])
+
+
+def _longest_first(lengths: np.ndarray) -> np.ndarray:
+    """The members, longest first (stably), but the empty sequences: they need no call, their
+    states stay zero."""
+    order = np.argsort(-lengths, kind="stable")
+    return order[lengths[order] > 0]
 
 
 def chunk_members(lengths: np.ndarray, size: int = CHUNK) -> list[np.ndarray]:
     """The members of each chunk of ``size`` (``chunks``' order: longest first; an empty
-    sequence in none, as it needs no call: its states stay zero)."""
-    order = np.argsort(-lengths, kind="stable")
-    order = order[lengths[order] > 0]
+    sequence in none)."""
+    order = _longest_first(lengths)
     return [order[first:first + size] for first in range(0, len(order), size)]
 
 

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from autobatch import arguments
-from autobatch.batcher.sequences import CHUNK, chunks
+from autobatch.batcher.sequences import CHUNK, chunks, row_flops
 from autobatch.datasets import wikiner_sentences
 from autobatch.examples import char_tagger
 from autobatch.ir.onnx_io import choose_ir_version
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> None:
         rows[-1] = 0  # the padding row
 
         def minibatch(session: ort.InferenceSession, feeds: dict[str, np.ndarray], size: int | None,
-                      row_flops: float | None = None) -> Callable[[], None]:
+                      flops: float | None = None) -> Callable[[], None]:
             parts = [(part.source, len(part.members), part.lengths)
-                     for part in chunks(lengths, size or len(lengths), row_flops)]
+                     for part in chunks(lengths, size or len(lengths), flops)]
 
             def run() -> None:
                 for source, members, part_lengths in parts:
@@ -87,14 +87,14 @@ def main(argv: list[str] | None = None) -> None:
 
         for direction in ("forward", "bidirectional"):
             dirs = 2 if direction == "bidirectional" else 1
-            row_flops = 2.0 * dirs * 4 * size * (width + size)
+            flops = row_flops(dirs, 4 * size, width, size)
             session, _ = layer_session(direction, width, size, True, rng)
             fed_session, weights = layer_session(direction, width, size, False, rng)
-            seconds = {"by cost (the library's), baked": timed(minibatch(session, {}, None, row_flops), args.repeats)[1]}
+            seconds = {"by cost (the library's), baked": timed(minibatch(session, {}, None, flops), args.repeats)[1]}
             seconds.update((f"chunks of {c}, baked", timed(minibatch(session, {}, c), args.repeats)[1]) for c in CHUNK_SIZES)
             seconds["one padded call, baked"] = timed(minibatch(session, {}, None), args.repeats)[1]
             seconds[f"chunks of {CHUNK}, fed"] = timed(minibatch(fed_session, weights, CHUNK), args.repeats)[1]
-            calls = len(chunks(lengths, row_flops=row_flops))
+            calls = len(chunks(lengths, row_flops=flops))
             ours = seconds["by cost (the library's), baked"]
             print(f"  {direction} (the library's: {calls} calls):")
             for variant, value in seconds.items():

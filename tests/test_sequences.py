@@ -248,11 +248,12 @@ def test_lookup_of_many_rows_refuses_bad_indices():
 
 
 # ----------------------------------------------------------------------------- weights baked in
-def test_lstm_weights_are_baked_and_never_read_stale(monkeypatch):
+@pytest.mark.parametrize("most", [CallCost.most, CHUNK])
+def test_lstm_weights_are_baked_and_never_read_stale(monkeypatch, most):
     """onnxruntime packs an LSTM's W and R when they are constants: they are baked in from the
-    second run on (a step of three calls, of at most 8 sequences each, launches them three
-    times), and one changed in place after a run is read anew (``backends.baked_weights``)."""
-    monkeypatch.setattr(sequences_module, "CALL_COST", CallCost(most=CHUNK))
+    second run on, whether the step is one call or several (calls of at most 8 sequences: three),
+    and one changed in place after a run is read anew (``backends.baked_weights``)."""
+    monkeypatch.setattr(sequences_module, "CALL_COST", CallCost(most=most))
     rng = np.random.default_rng(3)
     width = 64  # R is 64 KiB: big enough to bake
     W = Parameter((rng.standard_normal((1, 4 * width, width)) * 0.1).astype(np.float32))
@@ -285,17 +286,19 @@ def _modelled(cost: CallCost, lengths: np.ndarray, calls: list[np.ndarray], row_
     return sum(cost.call + lengths[c].max() * (cost.step + len(c) * row_flops / cost.flops) for c in calls)
 
 
+@pytest.mark.parametrize("most, call", [(5, 1e-4), (3, 1e-4), (2, 1e-6), (4, 1e-3)])
 @pytest.mark.parametrize("row_flops", [1e3, 4e5, 2e6, 5e7])
-def test_calls_by_cost_are_the_cheapest_modelled(row_flops):
+def test_calls_by_cost_are_the_cheapest_modelled(row_flops, most, call):
     """Over sequences sorted longest first, the calls the cost model picks cost no more (as it
     models them) than any other way of cutting them into calls, every one tried; each nonempty
-    sequence is in one call, none holds more than ``most``, an empty one in none."""
+    sequence is in one call, none holds more than ``most``, an empty one in none. (A small
+    ``most``, so that full calls start off a run's start.)"""
     import itertools
 
-    rng = np.random.default_rng(int(row_flops))
-    cost = CallCost(most=5)
-    for _ in range(20):
-        lengths = rng.integers(0, 12, size=int(rng.integers(1, 11)))
+    rng = np.random.default_rng(int(row_flops) + most)
+    cost = CallCost(call=call, most=most)
+    for _ in range(40):
+        lengths = rng.integers(0, int(rng.choice([4, 16])), size=int(rng.integers(1, 11)))
         calls = cost.chunks(lengths, row_flops)
         members = np.concatenate(calls) if calls else np.zeros(0, dtype=np.int64)
         assert sorted(members.tolist()) == np.flatnonzero(lengths > 0).tolist()
@@ -319,6 +322,8 @@ def test_calls_grow_where_steps_are_cheap_and_lengths_alike():
     calls = cost.chunks(spread, 2e6)
     assert len(calls) >= 3 and max(len(c) for c in calls) < len(spread)
     assert len(cost.chunks(np.full(1000, 3), 4e5)) == -(-1000 // cost.most)  # at most ``most`` a call
+    long = cost.chunks(np.full(40, 2000), 4e5)  # at most ``rows`` padded rows a call
+    assert all(len(c) * 2000 <= cost.rows for c in long) and len(long) == -(-40 // (cost.rows // 2000))
 
 
 def test_a_layer_of_unknown_width_runs_in_fixed_chunks():
