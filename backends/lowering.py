@@ -143,7 +143,9 @@ class _Lowering(StepKinds):
             if index == WHOLE:
                 end = k + 1
                 shape = self.shapes.get(tensor)
-                while end < len(entries) and entries[end][1] == WHOLE and shape and self.shapes.get(entries[end][0]) == shape:
+                # (not values of no elements: Reshape reads a 0 in its shape as "keep that axis")
+                while (end < len(entries) and entries[end][1] == WHOLE and shape and 0 not in shape
+                       and self.shapes.get(entries[end][0]) == shape):
                     end += 1
                 if end == k + 1:
                     pieces.append(self.unsqueezed(tensor))
@@ -379,7 +381,9 @@ def lowered_graph(plan: FlatPlan, inputs: Sequence[onnx.ValueInfoProto], literal
     lowering.slices_to_splits()
     named: dict[str, str] = {}
     for (info, _), value in zip(outputs, values):
-        if value.startswith("plan/") and value not in named:  # made here: it takes the output's name
+        if value.startswith("plan/") and value not in named and value not in lowering.initializers:
+            # made by a node here: it takes the output's name (a constant, such as an empty
+            # sequence's empty output, keeps its own, and an Identity gives the output)
             named[value] = info.name
         else:
             lowering.nodes.append(_Op("Identity", [named.get(value, value)], [info.name], {}))

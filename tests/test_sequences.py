@@ -111,17 +111,23 @@ def test_initial_states_of_each_instance_own_pack_across_lengths(backend, op, di
 
 def test_empty_sequences_among_others_get_zero_states(backend):
     """A sequence of length 0 is packed with the others but needs no call: its final states are
-    zeros, as ONNX defines them. The reference is each instance alone on NumPy: onnxruntime alone
-    leaves an empty sequence's final states uninitialized (whatever its memory held)."""
+    zeros, as ONNX defines them, run and lowered (its empty ``Y`` a constant of the lowered
+    graph). The reference is each instance alone on NumPy: onnxruntime alone leaves an empty
+    sequence's final states uninitialized (whatever its memory held)."""
     rng = np.random.default_rng(6)
     model = layer_model("LSTM", "forward", 3, rng)
     session = autobatch.InferenceSession(model, backend=backend)
     reference = autobatch.InferenceSession(model, backend="numpy")
     instances = sequences([3, 0, 2, 0, 5], rng)
-    for instance, got in zip(instances, session.run_batch(None, instances), strict=True):
-        for alone, value in zip(reference.run(None, instance), got, strict=True):
-            assert value.shape == alone.shape
+    lowered = ort.InferenceSession(session.plan_model(instances).SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {f"i{k}/{name}": value for k, instance in enumerate(instances) for name, value in instance.items()}
+    got_lowered = dict(zip([o.name for o in lowered.get_outputs()],
+                           lowered.run(None, {i.name: feeds[i.name] for i in lowered.get_inputs()})))
+    for k, (instance, got) in enumerate(zip(instances, session.run_batch(None, instances), strict=True)):
+        for name, alone, value in zip(session.graph.outputs, reference.run(None, instance), got, strict=True):
+            assert value.shape == got_lowered[f"i{k}/{name}"].shape == alone.shape
             np.testing.assert_allclose(value, alone, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got_lowered[f"i{k}/{name}"], alone, rtol=1e-5, atol=1e-6)
     assert session.stats.report.launches == 1
 
 
