@@ -77,14 +77,15 @@ def _children_matrix(children: Sequence[tuple[int, int] | None] | np.ndarray, ro
     except (ValueError, TypeError):
         raise TraceError(f"{FOLD_TREE}: children must be None or two node indices each (or an int array [n, 2], "
                          f"{LEAF} for a leaf), got {list(children)[:8]!r}") from None
-    internal = matrix[:, 0] != LEAF
-    index = np.arange(len(matrix))[:, None]
-    bad = internal & ~((matrix >= 0) & (matrix < index)).all(axis=1)
-    if bad.any() or (matrix[~internal] != LEAF).any():
-        k = int(np.flatnonzero(bad | ~internal & (matrix != LEAF).any(axis=1))[0])
+    left, right = matrix[:, 0], matrix[:, 1]
+    leaf = left == LEAF
+    # (a few whole-array passes: this runs once a traced tree)
+    ok = np.where(leaf, right == LEAF, (np.minimum(left, right) >= 0) & (np.maximum(left, right) < np.arange(len(matrix))))
+    if not ok.all():
+        k = int(np.argmin(ok))
         raise TraceError(f"{FOLD_TREE}: node {k}'s children must be two indices of earlier nodes, got "
                          f"{tuple(matrix[k].tolist())}")
-    leaves = len(matrix) - int(np.count_nonzero(internal))
+    leaves = int(np.count_nonzero(leaf))
     if leaves != rows:
         raise TraceError(f"{FOLD_TREE}: {leaves} leaves in the tree, {rows} rows of leaf inputs")
     return matrix

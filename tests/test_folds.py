@@ -106,6 +106,9 @@ def test_levels_of_trees_one_after_the_other():
     ([None, None, (0,)], "children must be None or two node indices"),
     ([None, None, (0, 1), None], "3 leaves in the tree, 2 rows"),
     ([None, None, ("a", 1)], "children must be None or two node indices"),
+    ([None, None, (LEAF, 0)], r"node 2's children must be two indices of earlier nodes, got \(-1, 0\)"),
+    ([None, None, (1, LEAF)], r"node 2's children must be two indices of earlier nodes, got \(1, -1\)"),
+    ([None, (0, 0), (-2, 1)], r"node 2's children must be two indices of earlier nodes, got \(-2, 1\)"),
 ])
 def test_bad_trees_are_refused_by_name(children, words):
     leaf, node = cells()
