@@ -38,7 +38,8 @@ from autobatch.ir.select_first import select_first
 from autobatch.ir.types import type_of_value
 from autobatch.session_info import ModelMetadata, NodeArg, SessionStats
 from autobatch.typed_instances import ModelInstances, plan_instances
-from autobatch.ways import ALONE, AT_ONCE, BATCHED, IN_TURN, MARGIN, WayChooser
+from autobatch import ways
+from autobatch.ways import ALONE, AT_ONCE, BATCHED, IN_TURN, WayChooser
 
 log = logging.getLogger("autobatch")
 
@@ -97,7 +98,7 @@ class InferenceSession:
         ``node_level``: where every node of the model batches along its instances' length axis,
         a batch runs as the model's own graph over all their rows, planned once for every mix
         (``autobatch.axis_batches``); False: each mix is planned by the flat planner."""
-        margin = _margin(alone_when_faster)  # (refused before anything is built)
+        margin = ways.margin(alone_when_faster)  # (refused before anything is built)
         if backend is None:
             backend = "onnxruntime" if providers is not None or sess_options is not None else "numpy"
         if backend not in BACKENDS:
@@ -408,16 +409,6 @@ def _plan_key(names: Sequence[str], signatures: tuple) -> tuple:
 
 def _records_planned(entry: _FlatPlan) -> int:
     return entry.plan.report.nodes
-
-
-def _margin(alone_when_faster: bool | float) -> float | None:
-    """How many times faster alone must be measured: ``MARGIN`` for True, the number given,
-    None for False (always batched)."""
-    if isinstance(alone_when_faster, (bool, np.bool_)):
-        return MARGIN if alone_when_faster else None
-    if not alone_when_faster >= 1:
-        raise ValueError(f"alone_when_faster: True, False or a margin of at least 1, not {alone_when_faster!r}")
-    return float(alone_when_faster)
 
 
 def usable_cores() -> int:

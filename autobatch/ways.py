@@ -21,6 +21,8 @@ import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 BATCHED, ALONE = "batched", "alone"
 # How a batch run alone runs: several instances at once, one a thread (``backends.parallel_runs``),
 # or one after another on the session's own threads (onnxruntime alone, as its users run it).
@@ -35,6 +37,16 @@ MARGIN = 1.1  # alone is taken where it is measured this much faster
 # served 4-8% more requests a second than with 1.1, about as many as always batched)
 SERVED_MARGIN = 1.5
 RECENT = 5  # the runs of a way whose median is its time: one slow run (a pause, a noisy host) does not turn the choice
+
+
+def margin(alone_when_faster: bool | float, when_true: float = MARGIN) -> float | None:
+    """How many times faster alone must be measured, from ``alone_when_faster``: ``when_true``
+    for True, the number given (at least 1), None for False (always batched)."""
+    if isinstance(alone_when_faster, (bool, np.bool_)):
+        return when_true if alone_when_faster else None
+    if not alone_when_faster >= 1:
+        raise ValueError(f"alone_when_faster: True, False or a margin of at least 1, not {alone_when_faster!r}")
+    return float(alone_when_faster)
 
 
 @dataclass

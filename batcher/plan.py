@@ -18,7 +18,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from autobatch.batcher.folds import Level
-from autobatch.batcher.sequences import CHUNK, COST, Chunk, chunks, row_step_flops
+from autobatch.batcher.sequences import COST, Chunk, chunks, row_step_flops
 from autobatch.ir import Graph
 
 # Element types an arena holds as a plain NumPy array (the others need ml_dtypes conversions).
@@ -262,8 +262,8 @@ class Step:
         if parts is None:
             assert self.groups is not None
             lengths = [length for length, count in self.groups for _ in range(count)]
-            # (by cost where the layer's arithmetic is known, else chunks of ``CHUNK``)
-            parts = self._chunks[size] = chunks(lengths, CHUNK, row_step_flops(self.template)) if size == COST \
+            # (by cost where the layer's arithmetic is known, else chunks of the fixed size)
+            parts = self._chunks[size] = chunks(lengths, row_flops=row_step_flops(self.template)) if size == COST \
                 else chunks(lengths, size or len(lengths))
         return parts
 

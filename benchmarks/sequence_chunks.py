@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = rng.standard_normal((sum(lengths) + 1, width)).astype(np.float32)
         rows[-1] = 0  # the padding row
 
-        def minibatch(session: ort.InferenceSession, feeds: dict[str, np.ndarray], size: int | None,
+        def minibatch(session: ort.InferenceSession, feeds: dict[str, np.ndarray], chunk: int | None,
                       flops: float | None = None) -> Callable[[], None]:
             parts = [(part.source, len(part.members), part.lengths)
-                     for part in chunks(lengths, size or len(lengths), flops)]
+                     for part in chunks(lengths, chunk or len(lengths), flops)]
 
             def run() -> None:
                 for source, members, part_lengths in parts:

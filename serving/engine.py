@@ -33,7 +33,7 @@ from autobatch.serving.errors import (
 )
 from autobatch.serving.metrics import Duration, EngineMetrics, render
 from autobatch.serving.runners import Feeds, Outputs, Runner, SessionRunner, load_runner
-from autobatch.ways import SERVED_MARGIN
+from autobatch.ways import SERVED_MARGIN, margin
 from autobatch.serving.worker_process import ProcessRunner
 from autobatch.frontends.onnx_control_flow import MAX_UNROLLED_NODES
 from autobatch.ir.limits import DeadlineExceeded, deadline
@@ -108,8 +108,8 @@ class Engine:
                              f"{type(model).__name__}")
         # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
         threads = max(1, usable_cores() // instances) if instances > 1 else None
-        if isinstance(alone_when_faster, (bool, np.bool_)) and alone_when_faster:  # alone must win by more in a server
-            alone_when_faster = SERVED_MARGIN
+        served = margin(alone_when_faster, SERVED_MARGIN)  # alone must win by more in a server
+        alone_when_faster = served if served is not None else False
         self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)
         self.runners = [self.runner]
         try:
