@@ -69,10 +69,14 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     scheduled = time.perf_counter()
     steps: list[Step] = []
     launches_by_op: Counter[str] = Counter()
+    picked = 0  # groups read where their values lie (``Layout._picked_rows``): no launch
     for group in schedule:
         made = planner.steps([records[i] for i in group], planner.record_class[group[0]])
         steps += made
-        launches_by_op[records[group[0]].op_type] += len(made)
+        if made:
+            launches_by_op[records[group[0]].op_type] += len(made)
+        else:
+            picked += 1
     locations = {name: planner.where(name) for name in wanted}
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
@@ -86,7 +90,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     for cls, template in enumerate(planner.templates):
         if getattr(template, "solo", False) and members[cls]:
             reasons[f"{planner.first_records[cls].op_type}: {template.reason}"] += members[cls]
-    report = BatchReport(scheduler, problem.size, len(schedule), problem.deferred_lower_bound(), sum(reasons.values()),
+    report = BatchReport(scheduler, problem.size, len(schedule) - picked, problem.deferred_lower_bound(), sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
                          alone=dict(reasons), launches_by_op=dict(launches_by_op), by_shape=dict(planner.by_shape))

@@ -34,6 +34,8 @@ class Layout:
         """The launches of a class's members scheduled together: one, or one a member where the
         rule refuses their number."""
         template = self.templates[cls]
+        if members[0].op_type == "Gather" and not members[0].domain and self._picked_rows(members):
+            return []
         if isinstance(template, Fold):
             return [self._fold_step(members)]
         if isinstance(template, Padding):
@@ -46,6 +48,26 @@ class Layout:
                 solo = self._template(members[0], None, solo=template.reason)
                 return [self._step([member], solo) for member in members]  # type: ignore[arg-type]
         return [self._step(members, template)]
+
+    def _picked_rows(self, members: list[Record]) -> bool:
+        """Gathers of one row, by a known index, of values kept as rows of a block (the parser's
+        ``ops.index(states, i)``): each member's output is that row where it lies, no step. A
+        step would copy every member's whole value to pick one row of it."""
+        first = members[0]
+        axis = first.attributes.get("axis")
+        if axis is not None and attribute_value(axis) != 0 or not first.outputs[0]:
+            return False
+        picks = []
+        for member in members:
+            data, index = member.inputs
+            length = self.runs.get(data)
+            position = self.literals.get(index)
+            if length is None or data in self.shaped or position is None or position.ndim \
+                    or position.dtype.kind not in "iu" or not -length <= position < length:
+                return False
+            picks.append((member.outputs[0], self.location[data] + int(position) % length))
+        self.location.update(picks)
+        return True
 
     def _step(self, members: list[Record], template: Template | None) -> Step:
         first = members[0]

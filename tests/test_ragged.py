@@ -296,3 +296,32 @@ def test_records_of_every_length_share_what_their_rows_say_only_where_it_is_the_
     for record, got, want in zip(records, kinds, alone):
         assert got == want, (record.op_type, [getattr(e, "shape", e) for e in record.entries])
     assert len(shared.rows_of_kinds) < len(records) / 2  # lengths did share (square values, reshapes to n * 4 did not)
+
+
+@pytest.mark.parametrize("whole_plan", [False, True])
+def test_rows_picked_by_known_indices_from_a_block_are_read_where_they_lie(backend, whole_plan):
+    """``ops.index(block_value, i)`` (the parser reading its BiLSTM's states word by word): the
+    row where it lies, no launch (a Gather step copied each member's whole value to pick one
+    row); negative indices too; a traced index still runs a Gather."""
+    if whole_plan and backend != "onnxruntime":
+        pytest.skip("a whole plan is an onnxruntime session")
+    rng = np.random.default_rng(7)
+    lengths = [3, 5, 1, 4, 5]
+    xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in lengths]
+    picks = [(0, -1), (4, -3), (0, 0), (-2, 3), (2, -5)]  # two known rows of each instance
+    with Batch(backend=backend, whole_plan=whole_plan) as batch:
+        tanh = [ops.tanh(batch.constant(x)) for x in xs]  # one ragged step: a block
+        rows = [ops.index(t, i) for t, (i, _) in zip(tanh, picks)]
+        others = [ops.index(t, j) for t, (_, j) in zip(tanh, picks)]
+        scaled = [ops.exp(r) for r in rows]  # a later step reads the picked rows
+        values = batch.run([*rows, *others, *scaled])
+        assert batch.reports[-1].launches_by_op == {"Tanh": 1, "Exp": 1} and batch.reports[-1].launches == 2
+        traced = [ops.index(t, batch.constant(np.int64(n - 2)) + batch.constant(np.int64(1))) for t, n in zip(tanh, lengths)]
+        values += batch.run(traced)
+        assert batch.reports[-1].launches_by_op["Gather"] == 4  # one a length
+    k = len(xs)
+    for j, (x, n, (i, i2)) in enumerate(zip(xs, lengths, picks)):
+        np.testing.assert_allclose(values[j], np.tanh(x)[i], rtol=1e-6)
+        np.testing.assert_allclose(values[k + j], np.tanh(x)[i2], rtol=1e-6)
+        np.testing.assert_allclose(values[2 * k + j], np.exp(np.tanh(x)[i]), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values[3 * k + j], np.tanh(x)[n - 1], rtol=1e-6)

@@ -103,7 +103,9 @@ def test_a_run_stuck_past_its_deadline_is_killed_and_the_model_serves_on(program
             stuck = engine.runner.pid
             with pytest.raises(RequestTimeout):
                 await engine.infer(double(9))
-            answer = await engine.infer(double(3))  # once the stuck run is killed, half a second later
+            # Answered once the stuck run is killed (half a second later) and a new child has
+            # started (about a second on this 2-core host, its imports): a deadline of its own.
+            answer = await engine.infer(double(3), timeout=30.0)
             np.testing.assert_array_equal(answer["y"], 2 * double(3)["x"])
             assert engine.metrics.worker_restarts == 1 and engine.runner.pid != stuck
         finally:
