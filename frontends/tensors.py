@@ -35,7 +35,7 @@ def current_batch() -> Tracer:
         raise TraceError("no batch to trace into: trace inside `with autobatch.Batch() as batch:`") from None
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: alpha=1 is an INT attribute, alpha=1.0 a FLOAT one
 def attributes(**values: Any) -> dict[str, AttributeProto]:
     """Attribute protos for hashable Python values, made once and shared by every record."""
     return {name: helper.make_attribute(name, list(v) if isinstance(v, tuple) else v) for name, v in values.items()}

@@ -656,3 +656,12 @@ def test_a_cell_call_in_a_block_entered_again_reads_its_own_parameter() -> None:
         got = shifted(batch.constant(x)).numpy()
         theirs.numpy()
     np.testing.assert_allclose(got, x + mine.array, rtol=1e-6)
+
+
+def test_attributes_made_once_keep_ints_and_floats_apart():
+    """Attributes are cached (records share them by id); 1 == 1.0 must not hand a FLOAT
+    attribute an INT proto made before it."""
+    from autobatch.frontends.tensors import attributes
+    assert attributes(alpha=1) is attributes(alpha=1)
+    assert attributes(alpha=1)["alpha"].type == onnx.AttributeProto.INT
+    assert attributes(alpha=1.0)["alpha"].type == onnx.AttributeProto.FLOAT
