@@ -305,13 +305,16 @@ def _python_index(i: Any) -> int:
 
 def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
     if isinstance(i, (list, tuple, np.ndarray)):
-        indices = np.asarray(i)
+        indices = np.array(i)  # a copy: the batch keeps it, and a caller may change an array of theirs
         rows = table.shape[0]
         if indices.ndim != 1 or indices.dtype.kind not in "iu" and indices.size:
             raise TraceError(f"Gather: rows are looked up by a sequence of ints, not {indices.dtype} of shape "
                              f"{indices.shape}")
-        if indices.size and not (-rows <= indices.min() and indices.max() < rows):
-            raise TraceError(f"Gather: indices {indices.min()}..{indices.max()} are out of range for shape {table.shape}")
+        if indices.size:
+            # A short list's bounds in Python: two NumPy reductions cost more than the rest of a lookup.
+            low, high = (min(i), max(i)) if type(i) is list and len(i) < 64 else (indices.min(), indices.max())
+            if not -rows <= low <= high < rows:
+                raise TraceError(f"Gather: indices {low}..{high} are out of range for shape {table.shape}")
         return pick(table, current_batch().indices(indices))
     return pick(table, i)
 
@@ -377,9 +380,30 @@ def rnn(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction:
 def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, direction: str,
                **extra: Any) -> tuple[Tensor, Tensor]:
     """Records Unsqueeze (to ONNX's ``[n, 1, d]``), the layer, and the reshapes of its outputs."""
+    t, w, r, *b = _tensors(op, x, W, R, *([] if B is None else [B]))
+    shapes = (op, direction, t.shape[1:], w.shape, r.shape, *[v.shape for v in b], *extra.items())
+    layer = _LAYERS.get(shapes)
+    if layer is None or len(t.shape) != 2 or not t.shape[0]:
+        layer = _LAYERS[shapes] = _checked_layer(op, t, w, r, b, direction, extra)
+    dirs, hidden, attrs = layer
+    batch, n = t.batch, t.shape[0]
+    sequence = batch.record_one("Unsqueeze", [t, batch.shared_constant([1])], (n, 1, t.shape[1]), t.dtype)
+    y, last = batch.record(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2, attrs)
+    y = batch.record_one("Flatten", [y], (n, dirs * hidden), t.dtype, _FROM_AXIS_1)
+    last = batch.record_one("Reshape", [last, batch.shared_constant([dirs * hidden])], (dirs * hidden,), t.dtype)
+    return y, last
+
+
+# What a layer's checks found, by its op, direction, attributes and operand shapes but the
+# sequence's length: checked once, not on every one of a minibatch's hundreds of calls.
+_LAYERS: dict[tuple, tuple[int, int, dict]] = {}
+
+
+def _checked_layer(op: str, t: Tensor, w: Tensor, r: Tensor, b: list[Tensor], direction: str,
+                   extra: dict[str, Any]) -> tuple[int, int, dict]:
+    """(directions, hidden size, the layer's attributes), or TraceError naming what does not fit."""
     if direction not in DIRECTIONS:
         raise TraceError(f"{op}: direction must be one of {sorted(DIRECTIONS)}, not {direction!r}")
-    t, w, r, *b = _tensors(op, x, W, R, *([] if B is None else [B]))
     dirs, (order, gates) = DIRECTIONS[direction], GATES[op]
     if t.ndim != 2 or not t.shape[0] or w.ndim != 3 or r.ndim != 3:
         raise TraceError(f"{op}: x must be [n, d] (n > 0), W [dirs, {gates}h, d] and R [dirs, {gates}h, h]; got "
@@ -390,13 +414,7 @@ def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, d
     if [w.shape, r.shape, *(v.shape for v in b)] != expected:
         raise TraceError(f"{op} ({direction}, gates {order}) over x {t.shape}: W, R and B must be {expected}, got "
                          f"{[w.shape, r.shape, *(v.shape for v in b)]}")
-    batch, n = t.batch, t.shape[0]
-    sequence = batch.record_one("Unsqueeze", [t, batch.shared_constant([1])], (n, 1, t.shape[1]), t.dtype)
-    y, last = batch.record(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2,
-                           attributes(hidden_size=hidden, direction=direction, **extra))
-    y = batch.record_one("Flatten", [y], (n, dirs * hidden), t.dtype, _FROM_AXIS_1)
-    last = batch.record_one("Reshape", [last, batch.shared_constant([dirs * hidden])], (dirs * hidden,), t.dtype)
-    return y, last
+    return dirs, hidden, attributes(hidden_size=hidden, direction=direction, **extra)
 
 
 # ----------------------------------------------------------------------------- normalisation and losses
@@ -419,7 +437,7 @@ def softmax_cross_entropy(scores: Operand, labels: Sequence[int]) -> Tensor:
     """``sum_k -log_softmax(scores[k])[labels[k]]`` over the rows of ``scores [n, C]``: ONNX's
     SoftmaxCrossEntropyLoss summed, one op (which batches across instances of any ``n``)."""
     (t,) = _tensors("SoftmaxCrossEntropyLoss", scores)
-    targets = np.asarray(labels)
+    targets = np.array(labels)  # a copy, kept by the batch
     if t.ndim != 2 or targets.shape != t.shape[:1] or targets.dtype.kind not in "iu" and targets.size:
         raise TraceError(f"SoftmaxCrossEntropyLoss: scores must be [n, C] and labels n ints; got {t.shape} and "
                          f"labels of shape {targets.shape}")

@@ -55,7 +55,8 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
         self._parameters: dict[int, Tensor] = {}  # id(Parameter) -> its tensor in this batch
         self.parameters_used: dict[str, Parameter] = {}  # value name -> Parameter
         self._weights: dict[str, np.ndarray] = {}  # value name -> a parameter's or shared constant's array
-        self._shared: dict[tuple, str] = {}
+        self._shared: dict[tuple, Tensor] = {}  # (dtype, shape, bytes) -> a shared constant
+        self._shared_tensors: dict[tuple, Tensor] = {}  # (dtype asked, *ints) -> the same, found faster
         # Literals made once a batch: (type, value, dtype asked) of a Python scalar, or ("zeros", shape, dtype)
         self._scalars: dict[tuple, Tensor] = {}
         # (id(parameter), index) -> (the parameter, kept alive so that its id stays its own; its row)
@@ -121,8 +122,9 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
 
     def indices(self, values: np.ndarray) -> Tensor:
         """An int64 literal of one instance ``[n]`` (rows to look up); equal ones share a tensor,
-        so that equal lookups are traced once (``reuse_calls``)."""
-        array = values.astype(np.int64)
+        so that equal lookups are traced once (``reuse_calls``). ``values``: an array the batch
+        may keep as it is (the caller's copy)."""
+        array = values.astype(np.int64, copy=False)
         key = ("indices", array.tobytes())
         tensor = self._scalars.get(key)
         if tensor is None:
@@ -139,16 +141,24 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
 
     def shared_constant(self, value: Any, dtype: Any = np.int64) -> Tensor:
         """A constant every instance reads as the same value (axes, shapes, slice bounds):
-        one value, so that nodes using it keep equal signatures."""
+        one value, so that nodes using it keep equal signatures; one tensor."""
+        # The common call, a short list of Python ints (an axis, a shape), is found by those
+        # ints, without an array made first (a float of an equal value is not an int: -0.0).
+        quick = (dtype, *value) if type(value) is list and all(type(v) is int for v in value) else None
+        tensor = self._shared_tensors.get(quick) if quick is not None else None
+        if tensor is not None:
+            return tensor
         array = np.asarray(value, dtype=dtype)
         key = (array.dtype.str, array.shape, array.tobytes())
-        name = self._shared.get(key)
-        if name is None:
-            name = self._shared[key] = f"k{len(self._shared)}"
-            self._weights[name] = array.copy()  # its own, read-only: it is named by these values
-            self._weights[name].flags.writeable = False
-        array = self._weights[name]
-        return Tensor(self, name, array.shape, array.dtype, array, entry=name)
+        tensor = self._shared.get(key)
+        if tensor is None:
+            name = f"k{len(self._shared)}"
+            array = self._weights[name] = array.copy()  # its own, read-only: it is named by these values
+            array.flags.writeable = False
+            tensor = self._shared[key] = Tensor(self, name, array.shape, array.dtype, array, entry=name)
+        if quick is not None:
+            self._shared_tensors[quick] = tensor
+        return tensor
 
     def parameter(self, parameter: Parameter) -> Tensor:
         tensor = self._parameters.get(id(parameter))

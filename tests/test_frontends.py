@@ -665,3 +665,13 @@ def test_attributes_made_once_keep_ints_and_floats_apart():
     assert attributes(alpha=1) is attributes(alpha=1)
     assert attributes(alpha=1)["alpha"].type == onnx.AttributeProto.INT
     assert attributes(alpha=1.0)["alpha"].type == onnx.AttributeProto.FLOAT
+
+
+def test_shared_constants_are_one_tensor_a_value_and_dtype():
+    """Found by their ints without an array made first; a dtype, or a float's sign, apart."""
+    with Batch() as batch:
+        one = batch.shared_constant([1])
+        assert batch.shared_constant([1]) is one and batch.shared_constant(np.array([1])) is one
+        assert batch.shared_constant([1], np.float32).name != one.name
+        assert batch.shared_constant([0.0], np.float32).name != batch.shared_constant([-0.0], np.float32).name
+        assert batch.shared_constant([2, 3]).value.tolist() == [2, 3] and batch.shared_constant([2, 3]).name != one.name

@@ -239,6 +239,10 @@ def test_traced_lstm_refuses_wrong_shapes_by_name():
             ops.lstm(ops.lookup(Parameter(np.zeros((5, 3), np.float32)), 0), W, R)
         with pytest.raises(TraceError, match="direction must be"):
             ops.lstm(x, W, R, direction="backward")
+        # A layer's checks are kept by its shapes but the length: an empty sequence still fails.
+        ops.lstm(x, W, R)
+        with pytest.raises(TraceError, match=r"x must be \[n, d\] \(n > 0\)"):
+            ops.lstm(ops.lookup(Parameter(np.zeros((5, 3), np.float32)), []), W, R)
 
 
 def test_lookup_of_many_rows_refuses_bad_indices():
@@ -251,6 +255,26 @@ def test_lookup_of_many_rows_refuses_bad_indices():
             ops.lookup(table, [[1, 2]])
         with pytest.raises(TraceError, match="sequence of ints"):
             ops.lookup(table, [0.5])
+        with pytest.raises(TraceError, match=r"indices -6\.\.0 are out of range"):
+            ops.lookup(table, [0, -6])
+        with pytest.raises(TraceError, match=r"indices 0\.\.5 are out of range"):  # a long list: NumPy's bounds
+            ops.lookup(table, [0] * 70 + [5])
+
+
+def test_rows_looked_up_by_an_array_are_those_it_held_when_traced():
+    """The batch keeps a copy of the ids (and labels): an array the caller changes after tracing
+    does not change what runs."""
+    table = Parameter(np.arange(15, dtype=np.float32).reshape(5, 3))
+    ids, labels = np.array([1, 2], np.int64), np.array([0, 2], np.int64)
+    with Batch() as batch:
+        rows = ops.lookup(table, ids)
+        loss = ops.softmax_cross_entropy(rows, labels)
+        ids[0], labels[0] = 4, 1
+        got_rows, got_loss = batch.run([rows, loss])
+    np.testing.assert_array_equal(got_rows, table.array[[1, 2]])
+    scores = table.array[[1, 2]].astype(np.float64)
+    expected = -(scores - np.log(np.exp(scores).sum(1, keepdims=True)))[[0, 1], [0, 2]].sum()
+    np.testing.assert_allclose(got_loss, expected, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------- weights baked in
