@@ -4,24 +4,24 @@ planner."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.folds import Fold
-from autobatch.batcher.layout import PER_SIZE, ROW_BITS, as_text, node_of, stackable
+from autobatch.batcher.layout import PER_SIZE, ROW_BITS, as_text, node_of, reshape_template, stackable
 from autobatch.batcher.node_rules import MIN_STACKING_OPSET, RANDOM
 from autobatch.batcher.padding import padding
-from autobatch.batcher.plan import Kind, RowReduction, Template, TemplateCache
+from autobatch.batcher.plan import Kind, RowReduction, Template
 from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
 from autobatch.batcher.rule_tables import Refusal
 from autobatch.batcher.sequences import SEQUENCE_LENS, own_states, zero_states
 from autobatch.batcher.signature import attributes_key
 from autobatch.batcher.templates import as_rows, build_solo, build_template
-from autobatch.ir import Graph, Node, ValueType, attribute_value, is_nondeterministic
+from autobatch.ir import Node, ValueType, attribute_value, is_nondeterministic
 from autobatch.ir.records import Record
 
 # A shared value this small (an axes list, a shape, a slice bound) is baked into a template,
@@ -230,7 +230,7 @@ class Classing:
             keepdims = segment_keepdims(record, self.weights, self.opsets.get("", 1))
             return RowReduction(record.op_type == "ReduceMean", bool(keepdims))
         if kind == "reshape":
-            return _reshape_template(self.cache, *signature[1:], self.opsets)
+            return reshape_template(self.cache, *signature[1:], self.opsets)
         specs, baked = self._operand_specs(record)
         if kind == "sequences":
             return self._sequences_template(record, specs, baked)
@@ -407,20 +407,3 @@ def _loose_reason(record: Record) -> str | None:
         if not stackable(vtype):
             return f"{vtype!r} values are not stacked" if vtype is not None else "values of unknown type are not stacked"
     return None
-
-
-def _reshape_template(cache: TemplateCache, elem_type: int, axis: int, row: tuple[int, ...],
-                      out: tuple[int, tuple[int, ...]], opsets: Mapping[str, int]) -> Template:
-    """A row reshape (``batcher.ragged``): each of ``R`` rows of ``row`` becomes a row of
-    ``out``'s; run as a reshape of the rows (a view) on every backend."""
-    key = ("reshape", elem_type, axis, row, out, opsets.get("", 1))
-    template = cache.templates.get(key)
-    if template is None:
-        graph = Graph("reshape_rows", {"": opsets.get("", 1)})
-        graph.add_input("x0", ValueType.tensor(elem_type, ["R", *row]))
-        graph.add_initializer("k1", np.array([-1, *out[1]], np.int64))
-        graph.add_node("Reshape", ["x0", "k1"], ["y0"])
-        graph.add_output("y0")
-        template = cache.templates[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
-                                                   length_axis=axis, out_axes=(out[0],))
-    return template  # type: ignore[return-value]

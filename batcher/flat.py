@@ -110,6 +110,7 @@ class _Planner(Classing, Layout):
         self.rows: list[int] = []
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
+        self.picked: set[str] = set()  # values that are a row of a block (``Layout._picked_rows``)
         self.shaped: dict[str, tuple[int, ...]] = {}  # the shape of a value in a block that is not [rows, *row]
         self.loose: set[str] = set()  # values loose steps give as they are (``LOOSE``)
         self.literal_runs: list[tuple[int, int, list[str]]] = []

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.padding import Padding, padded_chunks
 from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, NotFlat, Padded, Pieces,
-                                    RowReduction, Rows, Runs, Shaped, Step, Template, Unpadded)
+                                    RowReduction, Rows, Runs, Shaped, Step, Template, TemplateCache, Unpadded)
 from autobatch.batcher.rule_tables import Refusal
-from autobatch.ir import ValueType, attribute_value
+from autobatch.ir import Graph, ValueType, attribute_value
 from autobatch.ir.records import LEAF, Record
 from autobatch.ir.types import type_of_value
 
@@ -34,8 +34,13 @@ class Layout:
         """The launches of a class's members scheduled together: one, or one a member where the
         rule refuses their number."""
         template = self.templates[cls]
-        if members[0].op_type == "Gather" and not members[0].domain and self._picked_rows(members):
+        op_type = members[0].op_type if not members[0].domain else None
+        if op_type == "Gather" and self._picked_rows(members):
             return []
+        if op_type == "Concat":
+            stacked = self._stacked_rows(members)
+            if stacked is not None:
+                return [stacked]
         if isinstance(template, Fold):
             return [self._fold_step(members)]
         if isinstance(template, Padding):
@@ -50,9 +55,10 @@ class Layout:
         return [self._step(members, template)]
 
     def _picked_rows(self, members: list[Record]) -> bool:
-        """Gathers of one row, by a known index, of values kept as rows of a block (the parser's
-        ``ops.index(states, i)``): each member's output is that row where it lies, no step. A
-        step would copy every member's whole value to pick one row of it."""
+        """Gathers of one row, by a known index (data of the instance, or a constant), of values
+        kept as rows of a block (the parser's ``ops.index(states, i)``): each member's output is
+        that row where it lies, no step. A step would copy every member's whole value to pick
+        one row of it."""
         first = members[0]
         axis = first.attributes.get("axis")
         if axis is not None and attribute_value(axis) != 0 or not first.outputs[0]:
@@ -62,12 +68,34 @@ class Layout:
             data, index = member.inputs
             length = self.runs.get(data)
             position = self.literals.get(index)
+            if position is None:
+                position = self.weights.get(index)  # a model's constant index (an initializer)
             if length is None or data in self.shaped or position is None or position.ndim \
                     or position.dtype.kind not in "iu" or not -length <= position < length:
                 return False
             picks.append((member.outputs[0], self.location[data] + int(position) % length))
         self.location.update(picks)
+        self.picked.update(name for name, _ in picks)  # rows of a block, not of their type's arena
         return True
+
+    def _stacked_rows(self, members: list[Record]) -> Step | None:
+        """A Concat along axis 0 of rows ``[1, *row]`` (``ops.stack``'s): every member's rows read
+        at once, in order, and kept as a block; no launch (a Concat launch a length, each
+        reading its rows position by position, copied the same rows). None where it is not so."""
+        first = members[0]
+        axis, row = first.attributes.get("axis"), first.entries[0]
+        if axis is None or len(first.outputs) != 1 or not first.outputs[0] or not isinstance(row, ValueType) \
+                or not stackable(row) or row.shape[:1] != (1,) or any(entry != row for entry in first.entries) \
+                or attribute_value(axis) not in (0, -len(row.shape)):
+            return None
+        names = [name for member in members for name in member.inputs]
+        # (Every member's rows alike: a class padded across shapes holds members of others.)
+        if not self.loose.isdisjoint(names) or any(member.entries != first.entries for member in members):
+            return None
+        template = reshape_template(self.cache, row.elem_type, 0, tuple(row.shape), (0, tuple(row.shape[1:])),
+                                    self.opsets)
+        block = self._block(first, 0, [member.outputs[0] for member in members], [len(m.inputs) for m in members])
+        return Step(template, len(members), [self._rows(names)], [], [block])
 
     def _step(self, members: list[Record], template: Template | None) -> Step:
         first = members[0]
@@ -227,6 +255,8 @@ class Layout:
             return self._rows_in_blocks(names)
         places = list(map(self.location.__getitem__, names))
         first = places[0]
+        if self.picked and not self.picked.isdisjoint(names) and any(p >> ROW_BITS != first >> ROW_BITS for p in places):
+            return LITERALS, Pieces(self.where(name) for name in names)  # rows picked from blocks beside others
         arena, row = _place(first)
         if places == list(range(first, first + len(places))):
             return arena, slice(row, row + len(places))
@@ -347,3 +377,20 @@ def stackable(vtype: ValueType | None) -> bool:
     """Whether values of this type live in an arena: tensors of a static shape and an element
     type NumPy holds (the others are loose)."""
     return vtype is not None and vtype.is_static and vtype.elem_type in ARENA_TYPES
+
+
+def reshape_template(cache: TemplateCache, elem_type: int, axis: int, row: tuple[int, ...],
+                      out: tuple[int, tuple[int, ...]], opsets: Mapping[str, int]) -> Template:
+    """A row reshape (``batcher.ragged``): each of ``R`` rows of ``row`` becomes a row of
+    ``out``'s; run as a reshape of the rows (a view) on every backend."""
+    key = ("reshape", elem_type, axis, row, out, opsets.get("", 1))
+    template = cache.templates.get(key)
+    if template is None:
+        graph = Graph("reshape_rows", {"": opsets.get("", 1)})
+        graph.add_input("x0", ValueType.tensor(elem_type, ["R", *row]))
+        graph.add_initializer("k1", np.array([-1, *out[1]], np.int64))
+        graph.add_node("Reshape", ["x0", "k1"], ["y0"])
+        graph.add_output("y0")
+        template = cache.templates[key] = Template(graph, [0], [], once=False, ragged=True, row_shape=out[1],
+                                                   length_axis=axis, out_axes=(out[0],))
+    return template  # type: ignore[return-value]

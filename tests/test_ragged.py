@@ -3,6 +3,8 @@ launch for row-wise ops and segment reductions, and still equal each instance ru
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
@@ -325,3 +327,50 @@ def test_rows_picked_by_known_indices_from_a_block_are_read_where_they_lie(backe
         np.testing.assert_allclose(values[k + j], np.tanh(x)[i2], rtol=1e-6)
         np.testing.assert_allclose(values[2 * k + j], np.exp(np.tanh(x)[i]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(values[3 * k + j], np.tanh(x)[n - 1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("whole_plan", [False, True])
+def test_rows_stacked_into_values_of_different_lengths_are_read_once_into_a_block(backend, whole_plan):
+    """``ops.stack`` of rows (a Concat of ``[1, d]`` values along axis 0; the char tagger stacks
+    its word vectors so): each length's members read their rows at once into a block, no
+    Concat launch; rows made by a step, literals and rows picked from a block alike. A Concat
+    of wider values, or one reading a weight, still runs as a Concat."""
+    if whole_plan and backend != "onnxruntime":
+        pytest.skip("a whole plan is an onnxruntime session")
+    rng = np.random.default_rng(11)
+    lengths = [3, 5, 1, 3, 2]
+    xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in lengths]
+    weight = Parameter(rng.standard_normal((1, 4)).astype(np.float32))
+    with Batch(backend=backend, whole_plan=whole_plan) as batch:
+        tanh = [ops.tanh(batch.constant(x)) for x in xs]  # a block: its rows are picked below
+        rows = [[ops.exp(ops.index(t, k)) if k % 2 else ops.index(t, k) for k in range(len(x))]
+                for t, x in zip(tanh, xs)]
+        stacked = [ops.stack(r) for r in rows]
+        summed = [ops.reduce_sum(s, axis=0) for s in stacked]  # a later ragged step reads the block
+        literal = [ops.stack([batch.constant(row) for row in x]) for x in xs]
+        wide = [ops.concat([t, t]) for t in tanh]
+        with_weight = [ops.concat([ops.stack([ops.index(t, 0)]), weight]) for t in tanh]
+        values = batch.run([*stacked, *summed, *literal, *wide, *with_weight])
+    k = len(xs)
+    for j, x in enumerate(xs):
+        expected = np.tanh(x)
+        expected[1::2] = np.exp(expected[1::2])
+        np.testing.assert_allclose(values[j], expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values[k + j], expected.sum(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(values[2 * k + j], x)
+        np.testing.assert_allclose(values[3 * k + j], np.concatenate([np.tanh(x)] * 2), rtol=1e-6)
+        np.testing.assert_allclose(values[4 * k + j], np.concatenate([np.tanh(x)[:1], weight.array]), rtol=1e-6)
+    steps = Counter(step.template.graph.name for step in batch.last_plan.steps if step.template is not None)
+    # Rows stacked: a step a length (3, 5, 1, 2), the literals' too, no Concat run. Concats run:
+    # the wide ones (lengths 3, 5 and 2; length 1's are rows) and the one reading a weight.
+    assert steps["reshape_rows"] == 4 and steps["template_Concat"] == 4, steps
+
+
+def test_a_models_rows_picked_by_constant_indices_cost_no_launch(backend):
+    """A model's Gather of one row by an initializer (the first and the last token's states) of
+    a value kept in a block: read where it lies, for instances of any length."""
+    session = autobatch.InferenceSession(model("h = Tanh(x)\n first = Gather<axis=0>(h, i0)\n last = Gather<axis=0>(h, i1)\n"
+                                               " y = Add(first, last)", outputs="float[4] y",
+                                               weights="int64 i0 = {0}, int64 i1 = {-1}"), backend=backend)
+    assert_equal_alone(session, feeds(LENGTHS))
+    assert session.stats.report.launches_by_op == {"Tanh": 1, "Add": 1}
