@@ -4,6 +4,7 @@ launch for row-wise ops and segment reductions, and still equal each instance ru
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import onnx
@@ -374,3 +375,38 @@ def test_a_models_rows_picked_by_constant_indices_cost_no_launch(backend):
                                                weights="int64 i0 = {0}, int64 i1 = {-1}"), backend=backend)
     assert_equal_alone(session, feeds(LENGTHS))
     assert session.stats.report.launches_by_op == {"Tanh": 1, "Add": 1}
+
+
+def _picks_and_stacks(tracer: Any, x: np.ndarray, seed: int) -> list:
+    """A random program of one instance over rows: rows picked from blocks (by known indices,
+    negative too), rows computed, rows of data, stacked (into blocks rows are picked from
+    again), and read by ragged and row steps. Its draws depend on the seed and the length."""
+    rng = np.random.default_rng([seed, len(x)])
+    block = ops.tanh(tracer.constant(x))
+    outputs = []
+    for _ in range(3):
+        n = block.shape[0]
+        rows = []
+        for _ in range(int(rng.integers(1, 5))):
+            kind = rng.integers(3)
+            row = ops.index(block, int(rng.integers(-n, n)))
+            rows.append(row if kind == 0 else ops.exp(row) if kind == 1 else tracer.constant(x[0] * 2))
+        block = ops.stack(rows) if rng.integers(2) else ops.sigmoid(ops.stack(rows))
+        outputs += [block, ops.reduce_sum(block, axis=0), rows[0]]
+    return outputs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_picks_and_stacks_equal_each_instance_alone(backend, seed):
+    """The planner's picked rows (no step) and stacked rows (a read into a block) against each
+    instance traced alone, in programs that mix them with each other and with launched steps."""
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((int(n), 4)).astype(np.float32) for n in rng.integers(1, 6, size=7)]
+    with Batch(backend=backend) as batch:
+        outputs = [_picks_and_stacks(batch, x, seed) for x in xs]
+        values = batch.run([value for out in outputs for value in out])
+    per = len(outputs[0])
+    for j, x in enumerate(xs):
+        expected = traced_alone(lambda tracer, x: _picks_and_stacks(tracer, x, seed), x)
+        for got, want in zip(values[j * per:(j + 1) * per], expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
