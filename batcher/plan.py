@@ -43,7 +43,9 @@ Kind = tuple[int, tuple[int, ...]]  # an arena's rows: (ONNX element type, per-i
 class BatchReport:
     """What one batching run did. ``launches`` counts batched ops plus nodes run alone;
     ``lower_bound`` is ED-Batch's bound for the same graph (``bound``: it, or how to work it
-    out when first asked for, which costs a pass over the graph that planning did not need)."""
+    out when first asked for, which costs a pass over the graph that planning did not need).
+    The bound counts every class; rows picked where they lie (``Layout._picked_rows``) cost no
+    launch, so ``launches`` may fall below it."""
 
     scheduler: str
     nodes: int
