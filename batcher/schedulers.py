@@ -35,6 +35,9 @@ def depth_schedule(problem: Problem) -> Schedule:
     """A launch per (depth, class) and per unbatchable node (keyed ``-1 - i`` in place of a
     class), in the order of those keys, sorted with NumPy over all nodes at once."""
     n = problem.size
+    sig, depth = problem.sig, problem.depth
+    if n and sig[0] != UNBATCHABLE and sig.min() == sig.max() and depth.min() == depth.max():
+        return [list(range(n))]  # one class at one depth (a lockstep round's calls): one launch, cheaply
     nodes = np.arange(n)
     second = np.where(problem.sig != UNBATCHABLE, problem.sig, -1 - nodes)
     order = np.lexsort((nodes, second, problem.depth))

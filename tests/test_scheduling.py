@@ -165,6 +165,11 @@ def test_the_depth_schedule_is_the_loops(monkeypatch: pytest.MonkeyPatch) -> Non
     for trial in range(60):
         problem = _random_problem(rng, int(rng.integers(0, 300)), int(rng.integers(1, 6)), parted=False)
         assert schedulers.depth_schedule(problem) == _depth_schedule_as_written_before(problem), trial
+    # One class at one depth (a lockstep round's calls) takes a shortcut; the cases beside it don't.
+    for sig, preds in (([3] * 5, [[]] * 5), ([3] * 3, [[], [0], [1]]), ([UNBATCHABLE] * 3, [[]] * 3), ([0], [[]]),
+                       ([2, 2, 1], [[]] * 3), ([], [])):
+        problem = problem_from(list(range(len(sig))), np.array(sig, dtype=np.int64), preds, [])
+        assert schedulers.depth_schedule(problem) == _depth_schedule_as_written_before(problem), sig
 
 
 @COMPILED_ONLY
