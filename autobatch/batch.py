@@ -87,7 +87,7 @@ class Batch(Tracer):
             known = self._known_keys if frozen_weights(self._weights) else None
             return plan_records(self._records, [t.name for t in wanted], [t.producer for t in wanted], self._weights,
                                 self._literals, self.functions, self._opsets(), self.scheduler, known,
-                                cache=TRACED_TEMPLATES)
+                                cache=TRACED_TEMPLATES, literals_fixed=True)  # a traced plan runs on its own data once
         except NotFlat as why:
             raise TraceError(str(why)) from None
 

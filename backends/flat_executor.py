@@ -23,8 +23,8 @@ from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, 
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, OrtSettings, declare_ranks_only, new_session, run_session
 from autobatch.ir.records import LEAF
-from autobatch.batcher.plan import (LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step, Template,
-                                    Unpadded)
+from autobatch.batcher.plan import (LITERALS, LOOSE, Block, Copied, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step,
+                                    Template, Unpadded)
 from autobatch.batcher.sequences import COST, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
@@ -355,6 +355,8 @@ def _read(arenas: list[np.ndarray], loose: Loose, arena: int, rows: Rows) -> Any
     ``LOOSE``) a loose value as it is."""
     if type(rows) is Runs:
         return _read(arenas, loose, arena, rows.rows).reshape(-1, *rows.shape)
+    if type(rows) is Copied:
+        return _read(arenas, loose, arena, rows.rows).copy()
     if type(rows) is Shaped:
         return _read(arenas, loose, arena, rows.rows).reshape(rows.shape)
     if type(rows) is Pieces:

@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from autobatch.ir.graph_tidy import constant_nodes_to_initializers, drop_unread
 from autobatch.backends.lowered_steps import Entry, StepKinds, pick
-from autobatch.batcher.plan import LITERALS, LOOSE, Block, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
+from autobatch.batcher.plan import LITERALS, LOOSE, Block, Copied, FlatPlan, Padded, Pieces, Runs, Shaped, Step, Template
 from autobatch.ir import Graph, ValueType
 from autobatch.ir.gc_pause import without_gc
 from autobatch.ir.onnx_io import choose_ir_version, to_onnx
@@ -178,6 +178,8 @@ class _Lowering(StepKinds):
 
     def read(self, arena: int, rows: Any) -> str:
         """A step's operand, as ``flat_executor._read`` gives it."""
+        if type(rows) is Copied:  # a session's outputs are its own arrays
+            return self.read(arena, rows.rows)
         if type(rows) is Runs:
             block = self.read(arena, rows.rows)
             return self.batched(self.reshaped(block, [-1, *rows.shape]), self.lengths[block] // rows.length)

@@ -34,13 +34,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from autobatch.batcher.classing import Classing
 from autobatch.batcher.functions import Functions
 from autobatch.batcher.layout import Layout, Locations, row_indices
-from autobatch.batcher.plan import BatchReport, FlatPlan, Kind, RowReduction, Step, Template, TemplateCache
+from autobatch.batcher.plan import BatchReport, Copied, FlatPlan, Kind, RowReduction, Step, Template, TemplateCache
 from autobatch.batcher.problem import SCHEDULING
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.ir.records import Record
@@ -49,10 +50,13 @@ from autobatch.ir.records import Record
 def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Sequence[int],
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
                  opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None,
-                 apart: bool = False, padded: bool = True, *, cache: TemplateCache) -> FlatPlan:
+                 apart: bool = False, padded: bool = True, *, cache: TemplateCache,
+                 literals_fixed: bool = False) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
-    by every instance; ``literals`` are data of one instance. ``known``: what earlier plans
+    by every instance; ``literals`` are data of one instance: ``literals_fixed`` where the plan
+    runs on these values only (a traced batch's), else the plan must hold for any values of
+    their types (a session keeps it for its inputs' types). ``known``: what earlier plans
     learnt of record keys, for a caller whose keys (and weights) stay the same across plans.
     ``apart``: no record reads a value of another instance (``mix_records``' records), which
     makes the schedulers' levels cheap to work out, and (with ``padded``) lets the classes of
@@ -60,6 +64,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     cache.make_room()  # between plans, never during one
     start = time.perf_counter()
     planner = _Planner(cache, weights, literals, functions, opsets, known)
+    planner.literals_fixed = literals_fixed
     records, preds = _live(records, producers)
     problem = planner.sign(records, preds, apart, padded)
     analysed = time.perf_counter()
@@ -78,6 +83,8 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
         else:
             picked += 1
     locations = {name: planner.where(name) for name in wanted}
+    if planner.picked:
+        _copy_shared_rows(locations, planner.picked)
     done = time.perf_counter()
     reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
     reads = [row_indices(rows) for rows in reads]
@@ -111,6 +118,7 @@ class _Planner(Classing, Layout):
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
         self.picked: set[str] = set()  # values that are a row of a block (``Layout._picked_rows``)
+        self.literals_fixed = False  # whether the plan may depend on the literals' values (``plan_records``)
         self.shaped: dict[str, tuple[int, ...]] = {}  # the shape of a value in a block that is not [rows, *row]
         self.loose: set[str] = set()  # values loose steps give as they are (``LOOSE``)
         self.literal_runs: list[tuple[int, int, list[str]]] = []
@@ -130,6 +138,16 @@ class _Planner(Classing, Layout):
         self.known: dict[Hashable, tuple] = known if known is not None else {}
         # a record's rows, by its key without their length (``classing._length_free_key``)
         self.rows_of_kinds: dict[tuple, tuple] = {}
+
+
+def _copy_shared_rows(locations: dict[str, tuple[int, Any]], picked: set[str]) -> None:
+    """A wanted row picked from a block is read as a copy where another wanted value lies in
+    that block: results never share memory (as each instance's alone would not)."""
+    per_arena = Counter(arena for arena, _ in locations.values())
+    for name in picked.intersection(locations):
+        arena, rows = locations[name]
+        if per_arena[arena] > 1:
+            locations[name] = (arena, Copied(rows))
 
 
 def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence[Record], list[list[int]]]:

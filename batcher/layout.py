@@ -12,7 +12,7 @@ import numpy as np
 
 from autobatch.batcher.folds import Fold, Level, state_types, tree_levels
 from autobatch.batcher.padding import Padding, padded_chunks
-from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, NotFlat, Padded, Pieces,
+from autobatch.batcher.plan import (ARENA_DTYPES, ARENA_TYPES, LITERALS, LOOSE, Block, Copied, NotFlat, Padded, Pieces,
                                     RowReduction, Rows, Runs, Shaped, Step, Template, TemplateCache, Unpadded)
 from autobatch.batcher.rule_tables import Refusal
 from autobatch.ir import Graph, ValueType, attribute_value
@@ -55,7 +55,7 @@ class Layout:
         return [self._step(members, template)]
 
     def _picked_rows(self, members: list[Record]) -> bool:
-        """Gathers of one row, by a known index (data of the instance, or a constant), of values
+        """Gathers of one row, by a known index (a constant, or a traced batch's data), of values
         kept as rows of a block (the parser's ``ops.index(states, i)``): each member's output is
         that row where it lies, no step. A step would copy every member's whole value to pick
         one row of it."""
@@ -67,7 +67,8 @@ class Layout:
         for member in members:
             data, index = member.inputs
             length = self.runs.get(data)
-            position = self.literals.get(index)
+            # A literal's value only where the plan runs on it alone: a kept plan serves other values.
+            position = self.literals.get(index) if self.literals_fixed else None
             if position is None:
                 position = self.weights.get(index)  # a model's constant index (an initializer)
             if length is None or data in self.shaped or position is None or position.ndim \
@@ -84,7 +85,8 @@ class Layout:
         reading its rows position by position, copied the same rows). None where it is not so."""
         first = members[0]
         axis, row = first.attributes.get("axis"), first.entries[0]
-        if axis is None or len(first.outputs) != 1 or not first.outputs[0] or not isinstance(row, ValueType) \
+        if axis is None or len(first.outputs) != 1 or not first.outputs[0] or first.types[0] is None \
+                or not isinstance(row, ValueType) \
                 or not stackable(row) or row.shape[:1] != (1,) or any(entry != row for entry in first.entries) \
                 or attribute_value(axis) not in (0, -len(row.shape)):
             return None
@@ -94,8 +96,11 @@ class Layout:
             return None
         template = reshape_template(self.cache, row.elem_type, 0, tuple(row.shape), (0, tuple(row.shape[1:])),
                                     self.opsets)
+        arena, rows = self._rows(names)
+        if type(row_indices(rows)) is slice:  # read as a view: copied, so that the block is no alias of its inputs
+            rows = Copied(rows)
         block = self._block(first, 0, [member.outputs[0] for member in members], [len(m.inputs) for m in members])
-        return Step(template, len(members), [self._rows(names)], [], [block])
+        return Step(template, len(members), [(arena, rows)], [], [block])
 
     def _step(self, members: list[Record], template: Template | None) -> Step:
         first = members[0]
@@ -347,8 +352,8 @@ def _by_length(members: list[Record], data: int, axis: int) -> tuple[list[Record
 
 
 def row_indices(rows: Rows) -> Rows:
-    """The rows a read takes from its arena, without the ``Runs`` and ``Shaped`` around them."""
-    while isinstance(rows, (Runs, Shaped)):
+    """The rows a read takes from its arena, without the ``Runs``, ``Shaped`` and ``Copied`` around them."""
+    while isinstance(rows, (Runs, Shaped, Copied)):
         rows = rows.rows
     return rows
 

@@ -200,6 +200,14 @@ class Pieces(list):
 
 
 @dataclass(frozen=True)
+class Copied:
+    """Rows read as a copy of their own, not a view: a wanted row picked from a block that holds
+    another wanted value, or the rows a stack reads into its block (results share no memory)."""
+
+    rows: Any  # Rows
+
+
+@dataclass(frozen=True)
 class Padded:
     """Values of different shapes (``shapes``) read as one stack ``[values, *shape]``, each at
     the start of its slot, the rest zeros; but, with ``fill`` ``(axis, value)``, ``value`` past
@@ -220,7 +228,7 @@ class Unpadded:
     shapes: tuple[tuple[int, ...], ...]
 
 
-Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped | Padded  # a list: the names of literals (arena ``LITERALS``)
+Rows = slice | np.ndarray | int | str | list[str] | Runs | Pieces | Shaped | Padded | Copied  # a list: the names of literals (arena ``LITERALS``)
 LITERALS = -1  # the "arena" of reads stacked straight from literal values
 # The "arena" of loose values, kept one by one as they are (a sequence, a bfloat16 array, a
 # tensor whose shape is known once computed); the "row" is the value's name: a loose step's

@@ -187,6 +187,9 @@ def _batch_size(e: Emitter, stacked: str, scalar: bool = False) -> str:
     return e.op("Gather", [e.op("Shape", [stacked])[0], index], {"axis": 0})[0]
 
 
+OUT_OF_RANGE = np.iinfo(np.int64).min  # an index no value has: the Gather reading it fails
+
+
 @rule("Gather")
 def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape]) -> list[str] | Refusal:
     data, indices = ins
@@ -201,7 +204,12 @@ def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
         length = data.shape[0]
         flat = e.op("Reshape", [data.name, e.const(np.array([-1, *data.shape[1:]], dtype=np.int64))])[0]
         as_int64 = e.op("Cast", [indices.name], {"to": 7})[0]  # 7: INT64; indices may be int32
-        wrapped = e.op("Mod", [as_int64, e.const(np.array(length, dtype=np.int64))])[0]  # negative -> from the end
+        size, zero = e.const(np.array(length, dtype=np.int64)), e.const(np.array(0, dtype=np.int64))
+        negative = e.op("Less", [as_int64, zero])[0]
+        inside = e.op("Where", [negative, e.op("Add", [as_int64, size])[0], as_int64])[0]  # negative -> from the end
+        # An index outside its own instance would read another's row: sent out of range, where
+        # the Gather fails as it does for that instance alone (the batch is then run alone).
+        valid = e.op("And", [e.op("Not", [e.op("Less", [inside, zero])[0]])[0], e.op("Less", [inside, size])[0]])[0]
         if node.version >= 11:  # offsets 0, L, 2L ... from the batch's own size: one plan serves every N
             step = e.const(np.array(length, dtype=np.int64))
             end = e.op("Mul", [_batch_size(e, data.name, scalar=True), step])[0]
@@ -209,7 +217,8 @@ def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
             offsets = e.op("Reshape", [offsets, e.const(np.array((-1,) + (1,) * indices.rank, dtype=np.int64))])[0]
         else:
             offsets = e.const((np.arange(e.batch_size, dtype=np.int64) * length).reshape((-1,) + (1,) * indices.rank))
-        return e.op("Gather", [flat, e.op("Add", [wrapped, offsets])[0]], {"axis": 0})
+        rows = e.op("Where", [valid, e.op("Add", [inside, offsets])[0], e.const(np.array(OUT_OF_RANGE, np.int64))])[0]
+        return e.op("Gather", [flat, rows], {"axis": 0})
     return refuse("indices of each instance's own along an axis other than 0")
 
 

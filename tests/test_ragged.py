@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 
 import autobatch
@@ -410,3 +411,61 @@ def test_random_picks_and_stacks_equal_each_instance_alone(backend, seed):
         expected = traced_alone(lambda tracer, x: _picks_and_stacks(tracer, x, seed), x)
         for got, want in zip(values[j * per:(j + 1) * per], expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("settings", [{}, {"alone_when_faster": False, "node_level": False, "whole_plans": 0}])
+def test_a_row_picked_by_an_input_index_follows_each_runs_index(backend, settings):
+    """A session keeps a plan for its inputs' types: a Gather by an index that is an input is
+    never fixed into it (found by a review: the first batch's rows came back for later ones)."""
+    session = autobatch.InferenceSession(model("h = Tanh(x)\n y = Gather<axis=0>(h, i)", inputs="float[N, 4] x, int64 i",
+                                               outputs="float[4] y"), backend=backend, **settings)
+    xs = feeds([3, 5, 2], seed=4)
+    for indices in ([0, 1, 1], [2, 4, -1], [-3, 0, 1]):
+        assert_equal_alone(session, [{**x, "i": np.array(i, np.int64)} for x, i in zip(xs, indices)])
+    lowered = session.plan_model([{**x, "i": np.array(0, np.int64)} for x in xs])
+    ort_session = onnxruntime.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    given = {"i0/x": xs[0]["x"], "i1/x": xs[1]["x"], "i2/x": xs[2]["x"],
+             "i0/i": np.array(2, np.int64), "i1/i": np.array(-1, np.int64), "i2/i": np.array(1, np.int64)}
+    got = ort_session.run(None, {i.name: given[i.name] for i in ort_session.get_inputs()})
+    for value, x, i in zip(got, xs, (2, -1, 1)):
+        np.testing.assert_allclose(value, np.tanh(x["x"])[i], rtol=1e-6)
+
+
+def test_an_index_outside_its_instance_fails_as_alone_and_never_reads_another_instances_row(backend):
+    """Per-instance indices into per-instance data are offset into the batch's rows: one past
+    its own instance (or before it) would read another's row. It fails, as alone (the rule sent
+    such indices round with a Mod before: a row, where alone raises)."""
+    session = autobatch.InferenceSession(model("h = Tanh(x)\n y = Gather<axis=0>(h, i)", inputs="float[N, 4] x, int64 i",
+                                               outputs="float[4] y"), backend=backend, alone_when_faster=False)
+    xs = feeds([3, 3, 3], seed=5)
+    assert_equal_alone(session, [{**x, "i": np.array(i, np.int64)} for x, i in zip(xs, (-3, 2, 0))])
+    for bad in (3, -4, 7):
+        instances = [{**x, "i": np.array(i, np.int64)} for x, i in zip(xs, (0, bad, 1))]
+        with pytest.raises(Exception, match="out of (data )?bounds"):
+            session.run(None, instances[1])
+        with pytest.raises(Exception, match="out of (data )?bounds"):
+            session.run_batch(None, instances)
+
+
+def test_results_share_no_memory_when_rows_are_picked_or_stacked(backend):
+    """A picked row is its block's row and a stack reads its rows at once: results a caller gets
+    must still be arrays of their own, as each instance's alone are (found by a review)."""
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in (3, 5)]
+    with Batch(backend=backend) as batch:
+        tanh = [ops.tanh(batch.constant(x)) for x in xs]
+        rows = [ops.index(t, 1) for t in tanh]
+        exps = [ops.exp(ops.reshape(r, (1, 4))) for r in rows]  # one step's rows side by side: read as a view...
+        stacked = [ops.concat([e]) for e in exps]  # ...by this stack of [1, 4] rows, but for its gather
+        values = batch.run([*tanh, *rows, *exps, *stacked])
+    for j in range(len(xs)):
+        assert not np.shares_memory(values[j], values[2 + j])  # a block and its picked row
+        assert not np.shares_memory(values[4 + j], values[6 + j])  # rows and their stack
+        np.testing.assert_array_equal(values[6 + j], values[4 + j])
+    session = autobatch.InferenceSession(model("h = Tanh(x)\n y = Gather<axis=0>(h, one)", outputs="float[N, 4] h, float[4] y",
+                                               weights="int64 one = {1}"), backend=backend, alone_when_faster=False)
+    results = session.run_batch(None, feeds([3, 5, 2]))
+    assert session.stats.report is not None and "Gather" not in session.stats.report.launches_by_op
+    for h, y in results:
+        assert not np.shares_memory(h, y)
+        np.testing.assert_array_equal(y, h[1])
