@@ -63,8 +63,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     one node of the model over instances of different shapes run padded (``batcher.padding``)."""
     cache.make_room()  # between plans, never during one
     start = time.perf_counter()
-    planner = _Planner(cache, weights, literals, functions, opsets, known)
-    planner.literals_fixed = literals_fixed
+    planner = _Planner(cache, weights, literals, functions, opsets, known, literals_fixed)
     records, preds = _live(records, producers)
     problem = planner.sign(records, preds, apart, padded)
     analysed = time.perf_counter()
@@ -106,7 +105,8 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
 
 class _Planner(Classing, Layout):
     def __init__(self, cache: TemplateCache, weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray],
-                 functions: Functions, opsets: Mapping[str, int], known: dict[Hashable, tuple] | None = None) -> None:
+                 functions: Functions, opsets: Mapping[str, int], known: dict[Hashable, tuple] | None = None,
+                 literals_fixed: bool = False) -> None:
         self.cache = cache  # templates by key, kept across plans
         self.weights = weights
         self.literals = literals
@@ -118,7 +118,7 @@ class _Planner(Classing, Layout):
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
         self.picked: set[str] = set()  # values that are a row of a block (``Layout._picked_rows``)
-        self.literals_fixed = False  # whether the plan may depend on the literals' values (``plan_records``)
+        self.literals_fixed = literals_fixed  # whether the plan may depend on the literals' values (``plan_records``)
         self.shaped: dict[str, tuple[int, ...]] = {}  # the shape of a value in a block that is not [rows, *row]
         self.loose: set[str] = set()  # values loose steps give as they are (``LOOSE``)
         self.literal_runs: list[tuple[int, int, list[str]]] = []

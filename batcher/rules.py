@@ -211,9 +211,8 @@ def gather(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
         # the Gather fails as it does for that instance alone (the batch is then run alone).
         valid = e.op("And", [e.op("Not", [e.op("Less", [inside, zero])[0]])[0], e.op("Less", [inside, size])[0]])[0]
         if node.version >= 11:  # offsets 0, L, 2L ... from the batch's own size: one plan serves every N
-            step = e.const(np.array(length, dtype=np.int64))
-            end = e.op("Mul", [_batch_size(e, data.name, scalar=True), step])[0]
-            offsets = e.op("Range", [e.const(np.array(0, dtype=np.int64)), end, step])[0]
+            end = e.op("Mul", [_batch_size(e, data.name, scalar=True), size])[0]
+            offsets = e.op("Range", [zero, end, size])[0]
             offsets = e.op("Reshape", [offsets, e.const(np.array((-1,) + (1,) * indices.rank, dtype=np.int64))])[0]
         else:
             offsets = e.const((np.arange(e.batch_size, dtype=np.int64) * length).reshape((-1,) + (1,) * indices.rank))
