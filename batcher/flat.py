@@ -73,14 +73,11 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     scheduled = time.perf_counter()
     steps: list[Step] = []
     launches_by_op: Counter[str] = Counter()
-    picked = 0  # groups read where their values lie (``Layout._picked_rows``): no launch
-    for group in schedule:
+    for group in schedule:  # a step a launch; rows picked where they lie make none (``Layout._picked_rows``)
         made = planner.steps([records[i] for i in group], planner.record_class[group[0]])
         steps += made
         if made:
             launches_by_op[records[group[0]].op_type] += len(made)
-        else:
-            picked += 1
     locations = {name: planner.where(name) for name in wanted}
     if planner.picked:
         _copy_shared_rows(locations, planner.picked)
@@ -92,11 +89,13 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once
                  and not step.template.solo)
     members = np.bincount(planner.record_class, minlength=len(planner.templates)).tolist()
-    reasons: Counter[str] = Counter()  # counted a class at a time: its records share their op and template
+    # counted a class at a time (its records share their op and template), and a group at a
+    # time where the rule refused the group's number of members (``Layout.steps``)
+    reasons: Counter[str] = Counter(planner.alone_steps)
     for cls, template in enumerate(planner.templates):
         if getattr(template, "solo", False) and members[cls]:
             reasons[f"{planner.first_records[cls].op_type}: {template.reason}"] += members[cls]
-    report = BatchReport(scheduler, problem.size, len(schedule) - picked, problem.deferred_lower_bound(), sum(reasons.values()),
+    report = BatchReport(scheduler, problem.size, len(steps), problem.deferred_lower_bound(), sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
                          alone=dict(reasons), launches_by_op=dict(launches_by_op), by_shape=dict(planner.by_shape))
@@ -118,6 +117,7 @@ class _Planner(Classing, Layout):
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
         self.picked: set[str] = set()  # values that are a row of a block (``Layout._picked_rows``)
+        self.alone_steps: Counter[str] = Counter()  # "op: why" -> members run alone where a rule refused their number
         self.literals_fixed = literals_fixed  # whether the plan may depend on the literals' values (``plan_records``)
         self.shaped: dict[str, tuple[int, ...]] = {}  # the shape of a value in a block that is not [rows, *row]
         self.loose: set[str] = set()  # values loose steps give as they are (``LOOSE``)

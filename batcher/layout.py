@@ -51,6 +51,7 @@ class Layout:
             template = self._template(members[0], len(members))
             if isinstance(template, Refusal):
                 solo = self._template(members[0], None, solo=template.reason)
+                self.alone_steps[f"{members[0].op_type}: {template.reason}"] += len(members)
                 return [self._step([member], solo) for member in members]  # type: ignore[arg-type]
         return [self._step(members, template)]
 

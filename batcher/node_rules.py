@@ -5,10 +5,12 @@ problem are told)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 
 from autobatch.batcher.functions import rule_for
 from autobatch.batcher.rule_tables import Operand, Refusal, Shape
@@ -21,13 +23,40 @@ RANDOM = "draws random numbers anew each run"
 EMPTY = "values without elements are not stacked"
 
 
-class GraphEmitter:
+@functools.lru_cache(maxsize=None)
+def in_opset(op_type: str, opset: int) -> bool:
+    """Whether the standard domain's ``opset`` has the op (some version of it at or below)."""
+    try:
+        onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+class OpsetWatch:
+    """Notes the first op a rule emits that its graph's opset lacks (a rule written for recent
+    opsets, over an old model's node): the rule's result is then refused (``lacking``)."""
+
+    opset = onnx.defs.onnx_opset_version()
+    missing: str | None = None
+
+    def watch(self, op_type: str) -> None:
+        if self.missing is None and not in_opset(op_type, self.opset):
+            self.missing = op_type
+
+    def lacking(self) -> Refusal | None:
+        return None if self.missing is None else \
+            Refusal(f"its batched form needs {self.missing}, which opset {self.opset} lacks")
+
+
+class GraphEmitter(OpsetWatch):
     """Adds fresh-named constants and ops to the batched graph."""
 
     def __init__(self, out: Graph) -> None:
         self.out = out
         self.count = 0
         self.batch_size = 0  # set for each group
+        self.opset = out.opset_imports.get("", 1)
 
     def _fresh(self, kind: str) -> str:
         while True:
@@ -43,6 +72,7 @@ class GraphEmitter:
 
     def op(self, op_type: str, inputs: Sequence[str], attributes: dict[str, Any] | None = None,
            n_outputs: int = 1, name: str = "") -> list[str]:
+        self.watch(op_type)
         outputs = [self._fresh("v") for _ in range(n_outputs)]
         self.out.add_node(op_type, list(inputs), outputs, attributes, name=self.node_name(name))
         return outputs
@@ -55,17 +85,21 @@ class GraphEmitter:
         return f"{prefix}/{self.count}"
 
 
-class DryEmitter:
+class DryEmitter(OpsetWatch):
     """Stands in for GraphEmitter while deciding, once per signature class, whether a rule
-    batches that class. Records nothing."""
+    batches that class. Records nothing but an op its opset lacks."""
 
     batch_size = 2
+
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
 
     def const(self, array: np.ndarray) -> str:
         return "dry"
 
     def op(self, op_type: str, inputs: Sequence[str], attributes: dict[str, Any] | None = None,
            n_outputs: int = 1) -> list[str]:
+        self.watch(op_type)
         return ["dry"] * n_outputs
 
 
@@ -114,7 +148,10 @@ def refusal(graph: Graph, node: Node) -> str | None:
     outs = output_shapes(graph, node)
     if any(0 in o.shape for o in ins if o is not None and o.stacked) or any(0 in shape for shape in outs):
         return EMPTY  # a 0 in a Reshape's shape copies a dimension
-    result = rule(DryEmitter(), node, ins, outs)
+    dry = DryEmitter(graph.opset_imports.get("", 1))
+    result = rule(dry, node, ins, outs)
+    lacking = dry.lacking()
+    result = result if lacking is None else lacking
     return result.reason if isinstance(result, Refusal) else None
 
 

@@ -218,6 +218,38 @@ def test_a_division_by_each_instances_own_padded_values_is_refused_and_says_why(
         "would divide by 0)": 1}
 
 
+OLD_OPSET_MODELS = {  # a rule's batched form needs an op the model's opset lacks
+    "Where": ("Gather", """<ir_version: 4, opset_import: ["" : 8]>
+        g (float[3, 4] x, int64[2] i) => (float[2, 4] z) {
+        y = Gather<axis = 0>(x, i)
+        z = Relu(y) }"""),
+    "Expand": ("Concat", """<ir_version: 4, opset_import: ["" : 7]>
+        g (float[3, 4] x) => (float[3, 6] z) {
+        w = Constant<value = float[3, 2] {1, 2, 3, 4, 5, 6}>()
+        y = Concat<axis = 1>(x, w)
+        z = Relu(y) }"""),
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("needed", sorted(OLD_OPSET_MODELS))
+def test_a_rule_needing_an_op_the_models_opset_lacks_runs_its_members_alone_and_says_why(needed, backend):
+    """Rules are written for recent opsets: an old model's node whose batched form needs a newer
+    op runs one member at a time (the batch would else fail), the reason in the report."""
+    op_type, text = OLD_OPSET_MODELS[needed]
+    model = onnx.parser.parse_model(text)
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((3, 4)).astype(np.float32), "i": np.array([k % 3, -1], dtype=np.int64)}
+             for k in range(4)]
+    feeds = [{name: f[name] for name in ("x", "i") if name in {v.name for v in model.graph.input}} for f in feeds]
+    assert_batched_equals_alone(session, feeds)
+    opset = model.opset_import[0].version
+    report = session.stats.report
+    assert report.alone == {f"{op_type}: its batched form needs {needed}, which opset {opset} lacks": 4}, report.alone
+    assert report.launches_by_op[op_type] == 4 and report.launches_by_op["Relu"] == 1
+
+
 def test_autobatch_ops_prints_the_table_and_when_each_way_applies():
     everything = autobatch_cli("ops")
     assert everything.returncode == 0, everything.stderr

@@ -54,6 +54,7 @@ def test_both_recorders_record_and_compute_the_same():
     assert lines == python_lines
 
 
+@pytest.mark.slow  # about 10 s: run by .ci/run beside the fuzzer
 @pytest.mark.skipif(bool(os.environ.get("AUTOBATCH_PURE_PYTHON")), reason="this run is the Python recorder's")
 def test_the_tracing_tests_pass_with_the_python_recorder():
     result = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", *(f"tests/{name}" for name in TRACING_TESTS)], PURE)

@@ -106,6 +106,7 @@ def test_the_dynamo_encoders_q_k_v_keep_their_rows(tmp_path):
     assert selects == ["ragged"] * 3 * layers
 
 
+@pytest.mark.slow  # about 9 s: run by .ci/run beside the fuzzer
 def test_a_chain_of_moves_longer_than_pythons_recursion_limit():
     """A Gather after thousands of Unsqueeze/Squeeze pairs (a hostile file may chain any number):
     worked out without recursion, moved first, and the same array."""

@@ -323,6 +323,7 @@ GRU.graph.initializer.extend([onnx.numpy_helper.from_array(np.full((1, 6, 3), 0.
                               onnx.numpy_helper.from_array(np.full((1, 6, 2), -0.2, np.float32), "R")])
 
 
+@pytest.mark.slow  # about 11 s: run by .ci/run beside the fuzzer
 def test_a_storm_of_valid_broken_vanishing_and_runaway_requests(tmp_path):
     """Valid requests of four models (two on onnxruntime, with empty sequences among them)
     interleaved with malformed bodies, wrong dtypes, runaway trip counts, clients that vanish
