@@ -46,7 +46,8 @@ class Layout:
         if isinstance(template, Padding):
             return [step for chunk in padded_chunks(members) for step in self._padded_steps(chunk, template)]
         if isinstance(template, RowReduction) or isinstance(template, Template) and template.ragged:
-            return [self._ragged_step(members, template)]
+            own = self._vector_template(members, template)
+            return [self._ragged_step(members, template) if own is None else self._step(members, own)]
         if isinstance(template, str):  # PER_SIZE
             template = self._template(members[0], len(members))
             if isinstance(template, Refusal):
@@ -54,6 +55,23 @@ class Layout:
                 self.alone_steps[f"{members[0].op_type}: {template.reason}"] += len(members)
                 return [self._step([member], solo) for member in members]  # type: ignore[arg-type]
         return [self._step(members, template)]
+
+    def _vector_template(self, members: list[Record], template: Template | RowReduction) -> Template | None:
+        """The template of the members' own signature where a row-wise class's group holds
+        vectors of one length (a primitive LSTM's gates ``[4h]`` and state ``[h]``, merged as
+        rows of scalars, each group one of them): stacked ``[N, d]`` as any value, rather than
+        ``N * d`` rows of a block that every later step would read scalar by scalar. None:
+        the ragged step."""
+        first = members[0]
+        if not isinstance(template, Template) or template.sequences or template.segment is not None \
+                or template.row_shape is not None or template.length_axis or any(template.out_axes) \
+                or any(isinstance(e, ValueType) and len(e.shape) != 1 for e in (*first.entries, *first.types)) \
+                or any(member.entries != first.entries for member in members):
+            return None
+        own = self._own_template(first)
+        if isinstance(own, str):  # PER_SIZE
+            own = self._template(first, len(members))
+        return own if isinstance(own, Template) and not own.solo else None
 
     def _picked_rows(self, members: list[Record]) -> bool:
         """Gathers of one row, by a known index (a constant, or a traced batch's data), of values

@@ -13,6 +13,7 @@ import pytest
 
 import autobatch
 from autobatch import Batch, Parameter, ops
+from autobatch.batcher.plan import Block, Pieces
 from tests.oracle import assert_batched_equals_alone, traced_alone
 
 LENGTHS = [3, 1, 5, 3, 2, 5, 4]
@@ -469,3 +470,38 @@ def test_results_share_no_memory_when_rows_are_picked_or_stacked(backend):
     for h, y in results:
         assert not np.shares_memory(h, y)
         np.testing.assert_array_equal(y, h[1])
+
+
+def test_vectors_of_one_length_a_group_run_as_rows_of_their_own_not_as_scalar_rows(backend):
+    """A primitive LSTM adds its gates ``[4h]`` and its state ``[h]``: one ragged class of scalar
+    rows (Add is row-wise), but each launch holds one of them. Such a group runs as ``[N, d]``
+    rows of its own type: no block of ``N * d`` scalar rows for later steps to read one by one.
+    Vectors of several lengths in one launch still run ragged."""
+    rng = np.random.default_rng(5)
+    steps = [3, 1, 4, 2]  # each instance's recurrence length
+    gates = [[rng.standard_normal(8).astype(np.float32) for _ in range(n)] for n in steps]
+    with Batch(backend=backend) as batch:
+        results = []
+        for xs in gates:
+            c = batch.constant(np.zeros(2, np.float32))
+            for x in xs:
+                g = ops.tanh(batch.constant(x) + ops.concat([c, c, c, c]))  # an Add of [8]
+                c = ops.sigmoid(c + ops.split(g, 4)[0])  # an Add of [2]: the same ragged class
+            results.append(c)
+        values = batch.run(results)
+        plan = batch.last_plan
+        mixed = [rng.standard_normal(n).astype(np.float32) for n in (3, 5, 3)]
+        sums = batch.run([batch.constant(m) + batch.constant(m) for m in mixed])
+    adds = [step for step in plan.steps if step.template is not None and "Add" in
+            [node.op_type for node in step.template.graph.nodes.values()]]
+    assert len(adds) == 2 * max(steps)
+    assert not any(step.groups or isinstance(write, Block) for step in adds for write in step.writes)
+    assert not any(isinstance(rows, Pieces) for step in plan.steps for _, rows in step.reads)
+    for xs, got in zip(gates, values):
+        c = np.zeros(2, np.float32)
+        for x in xs:
+            c = 1 / (1 + np.exp(-(c + np.tanh(x + np.tile(c, 4))[:2])))
+        np.testing.assert_allclose(got, c, rtol=1e-5, atol=1e-6)
+    assert batch.last_plan.steps[0].groups  # lengths 3 and 5 in one launch: ragged
+    for m, got in zip(mixed, sums):
+        np.testing.assert_array_equal(got, m + m)
