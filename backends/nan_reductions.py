@@ -17,16 +17,19 @@ from onnx import TensorProto, helper
 
 NAN_BY_SHAPE = frozenset({"ReduceMax", "ReduceMin", "ArgMax", "ArgMin"})
 FLOATS = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16})
+MIN_OPSET = 9  # IsNaN and Where
 
 
 def propagate_nans(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with every top-level ReduceMax, ReduceMin, ArgMax and ArgMin over float input
-    made NaN-propagating (the model itself when it has none)."""
+    made NaN-propagating (the model itself when it has none, or when its opset, before 9, has
+    no IsNaN and no Where to write it with)."""
     graph = model.graph
-    if not any(node.op_type in NAN_BY_SHAPE and node.domain in ("", "ai.onnx") for node in graph.node):
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if opset < MIN_OPSET or not any(node.op_type in NAN_BY_SHAPE and node.domain in ("", "ai.onnx")
+                                    for node in graph.node):
         return model
     types = _elem_types(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     del fixed.graph.node[:]

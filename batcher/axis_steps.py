@@ -192,6 +192,8 @@ def _pooled_step(record: Record, weights: Mapping[str, np.ndarray], fed: dict[st
     if record.op_type not in POOLING or record.domain or not isinstance(record.entries[0], ValueType) \
             or record.entries[0].dtype == np.bool_:  # (a bool's padded positions: no Where of bools in onnxruntime)
         return None
+    if record.op_type in ("ReduceSum", "ReduceMean") and record.entries[0].dtype == np.float16:
+        return None  # a float16 sum (and a mean of it) rounds otherwise than alone, as ``ragged.segment_keepdims`` says
     data, out = patterns.get(record.inputs[0]), patterns.get(record.outputs[0])
     axes = record_attribute(record, "axes", None)
     if record.op_type in ("ArgMax", "ArgMin"):  # (the last of equal values: a padded one might win)

@@ -52,6 +52,7 @@ class Rows(NamedTuple):
     rank: int
     shared: list[tuple[int, ...]]
     weights: Mapping[str, np.ndarray]
+    opset: int  # the standard domain's (defaults changed with it)
 
     @property
     def inputs(self) -> list[int]:
@@ -137,9 +138,10 @@ def _split(rows: Rows) -> bool:
     return rows.inputs == [0] and rows.later("axis", 0)
 
 
-@row_wise("over a later axis than the rows'", "Softmax", "LogSoftmax")
+@row_wise("over a later axis than the rows' (before opset 13: over every axis from its axis on, 1 by default)",
+          "Softmax", "LogSoftmax")
 def _softmax(rows: Rows) -> bool:
-    return len(rows.data) == 1 and rows.rank >= 2 and rows.later("axis", -1)
+    return len(rows.data) == 1 and rows.rank >= 2 and rows.later("axis", -1 if rows.opset >= 13 else 1)
 
 
 @row_wise("over later axes than the rows', by shared axes",
@@ -216,7 +218,7 @@ def ragged_signature(record: Any, weights: Mapping[str, np.ndarray], opset: int,
     if row is None:
         return refuse("not a row-wise op")
     shared = [np.shape(weights[e]) for e in record.entries if isinstance(e, str) and e]
-    if not row.check(Rows(record, data, axis, len(data[0][1].shape), shared, weights)):
+    if not row.check(Rows(record, data, axis, len(data[0][1].shape), shared, weights, opset)):
         return refuse(f"row-wise only as {row.when}")
     entries = tuple(("rows", e.elem_type, axis, run[2]) if isinstance(e, ValueType) else e
                     for e, run in zip(record.entries, _aligned(record.entries, runs)))

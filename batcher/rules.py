@@ -288,7 +288,8 @@ def slice_(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
         return refuse("starts, ends, axes or steps computed by each instance")
     starts = params[0]
     axes = params[2] if len(params) > 2 and params[2] is not None else list(range(len(starts)))
-    args = [data.name, ins[1].name, ins[2].name, e.const(np.array(_shift(axes, data.rank), dtype=np.int64))]
+    index_type = np.asarray(ins[1].const).dtype  # int32 or int64: one type for starts, ends, axes and steps
+    args = [data.name, ins[1].name, ins[2].name, e.const(np.array(_shift(axes, data.rank), dtype=index_type))]
     if len(ins) > 4 and ins[4] is not None:
         args.append(ins[4].name)
     return e.op("Slice", args)

@@ -319,9 +319,11 @@ def _type_untyped_outputs(model: ModelProto) -> None:
 
 
 def choose_ir_version(model: ModelProto, original: int | None) -> int:
-    """The model's own IR version, raised to what its opsets need, and lowered to what the
-    installed onnxruntime accepts."""
-    needed = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    """The model's own IR version, raised to what its opsets need (and to 4), and lowered to
+    what the installed onnxruntime accepts."""
+    # IR 4 at least: before it every initializer had to be a graph input too, which ``to_onnx``
+    # does not write (onnxruntime and the checker refuse such an IR 3 model).
+    needed = max(helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True), 4)
     if model.functions:
         needed = max(needed, 8)  # model-local functions arrived with IR 8
     wanted = max(needed, original or needed)

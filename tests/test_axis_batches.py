@@ -455,6 +455,19 @@ def test_a_reduction_over_the_length_runs_padded_into_one_row_an_instance(backen
             assert session.stats.report.launches_by_op[op] == math.ceil(len(lengths) / 8)
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+def test_a_float16_sum_or_mean_over_the_length_is_not_pooled_padded(backend, op):
+    """A float16 mean pooled padded divided a float16 sum by the count, rounding twice where the
+    instance alone rounds once (an ulp off): float16 sums and means run as the flat planner runs
+    them, equal to alone."""
+    model = onnx.parser.parse_model(f"""<ir_version: 7, opset_import: ["" : 12]>
+        g (float16[L, 4] x) => (float16[1, 4] y) {{ y = {op}<axes = [0]>(x) }}""")
+    rng = np.random.default_rng(0)
+    session = autobatch.InferenceSession(model, backend=backend, alone_when_faster=False, node_level=True)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((n, 4)).astype(np.float16)} for n in (2, 7, 30, 100)])
+    assert session.stats.report.scheduler != "instance axis"
+
+
 def test_a_batch_with_an_instance_too_short_for_a_picked_position_is_planned_per_mix(backend):
     """The third token of an instance of two: alone it fails, and so does the batch, run again
     instance by instance; the node-level plan stays for the next batch."""

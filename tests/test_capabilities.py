@@ -250,6 +250,28 @@ def test_a_rule_needing_an_op_the_models_opset_lacks_runs_its_members_alone_and_
     assert report.launches_by_op[op_type] == 4 and report.launches_by_op["Relu"] == 1
 
 
+MODELS_OF_OLD_WAYS = {  # each batched once wrongly or not at all (an audit of rules at old opsets)
+    "Slice by int32 starts": """<ir_version: 7, opset_import: ["" : 13]>
+        g (float[3, 4] x) => (float[3, 2] y) <int32[1] s = {1}, int32[1] e = {3}, int32[1] a = {1}> {
+        y = Slice(x, s, e, a) }""",
+    "ReduceMax at opset 8": """<ir_version: 4, opset_import: ["" : 8]>
+        g (float[3, 4] x) => (float[3, 1] y) { y = ReduceMax<axes = [1]>(x) }""",
+    "ArgMax at opset 7": """<ir_version: 4, opset_import: ["" : 7]>
+        g (float[3, 4] x) => (int64[3, 1] y) { y = ArgMax<axis = 1>(x) }""",
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("case", sorted(MODELS_OF_OLD_WAYS))
+def test_models_of_older_opsets_and_int32_indices_load_and_batch(case, backend):
+    """A Slice's axes were int64 beside int32 starts (onnxruntime refused the batch); the NaN
+    rewrite of ReduceMax and ArgMax wrote IsNaN into opsets before 9 (the model did not load)."""
+    session = InferenceSession(onnx.parser.parse_model(MODELS_OF_OLD_WAYS[case]), backend=backend)
+    rng = np.random.default_rng(6)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((3, 4)).astype(np.float32)} for _ in range(4)])
+    assert not session.stats.report.alone and sum(session.stats.report.launches_by_op.values()) == 1
+
+
 def test_autobatch_ops_prints_the_table_and_when_each_way_applies():
     everything = autobatch_cli("ops")
     assert everything.returncode == 0, everything.stderr

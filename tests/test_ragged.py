@@ -505,3 +505,24 @@ def test_vectors_of_one_length_a_group_run_as_rows_of_their_own_not_as_scalar_ro
     assert batch.last_plan.steps[0].groups  # lengths 3 and 5 in one launch: ragged
     for m, got in zip(mixed, sums):
         np.testing.assert_array_equal(got, m + m)
+
+
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("opset, shape, axis, launches", [
+    (13, "[1, L, 4]", "", 1),  # the last axis by default
+    (11, "[1, L, 4]", "", 3),  # axis 1 by default, and every axis from it on: one instance's L * 4 values
+    (11, "[1, L, 4]", "<axis = 2>", 1),
+    (11, "[L, 4]", "", 1),
+])
+def test_a_softmax_before_opset_13_is_row_wise_only_over_the_axes_it_flattens(backend, op_type, opset, shape, axis,
+                                                                              launches):
+    """Before opset 13 a Softmax normalizes over every axis from its ``axis`` on (1 by default):
+    over ``[1, L, d]`` that is all of an instance's values, not a row's (rows of several
+    instances concatenated were normalized together: wrong results)."""
+    session = autobatch.InferenceSession(onnx.parser.parse_model(f"""<ir_version: 7, opset_import: ["" : {opset}]>
+        g (float{shape} x) => (float{shape} y) {{ y = {op_type}{axis}(x) }}"""), backend=backend)
+    rng = np.random.default_rng(4)
+    lengths = [2, 3, 5, 3]
+    assert_equal_alone(session, [{"x": rng.standard_normal((1, n, 4) if shape.startswith("[1") else (n, 4))
+                                  .astype(np.float32)} for n in lengths])
+    assert session.stats.report.launches_by_op[op_type] == launches
