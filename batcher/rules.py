@@ -71,6 +71,9 @@ def elementwise(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Sh
             args.append(reshape(e, operand.name, (1,) * (rank - operand.rank) + operand.shape))
         else:
             args.append(operand.name)
+    if node.op_type == "PRelu" and not ins[0].stacked:  # type: ignore[union-attr]
+        # The slope broadcasts one way only, to X: a shared X is repeated for every instance.
+        args[0] = _broadcast_to_batch(e, args[0], ins[0].shape, ins[1].name)  # type: ignore[union-attr]
     return e.op(node.op_type, args, node.attributes, len(node.outputs))
 
 

@@ -272,6 +272,28 @@ def test_models_of_older_opsets_and_int32_indices_load_and_batch(case, backend):
     assert not session.stats.report.alone and sum(session.stats.report.launches_by_op.values()) == 1
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_prelu_of_a_shared_value_by_each_instances_slope_broadcasts_the_slope_one_way(backend):
+    """PRelu's slope broadcasts to X only: with X shared and the slope each instance's own, the
+    batched PRelu reads X repeated for every instance (``[N, 3, 4]``), never a slope larger
+    than X (which both runtimes here took, and the standard does not)."""
+    from autobatch.ir import to_onnx
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 16]>
+        g (float[4] s) => (float[3, 4] y) <float[3, 4] x = {-1, 2, -3, 4, -5, 6, -7, 8, -9, 10, -11, 12}> {
+        y = PRelu(x, s) }""")
+    session = InferenceSession(model, backend=backend)
+    rng = np.random.default_rng(8)
+    assert_batched_equals_alone(session, [{"s": rng.standard_normal(4).astype(np.float32)} for _ in range(3)])
+    (template,) = [t for t in session.templates.templates.values() if getattr(t, "graph", None) is not None
+                   and any(n.op_type == "PRelu" for n in t.graph.nodes.values())]
+    typed = onnx.shape_inference.infer_shapes(to_onnx(template.graph, check=False))
+    prelu = next(n for n in typed.graph.node if n.op_type == "PRelu")
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*typed.graph.value_info, *typed.graph.input,
+                                                                   *typed.graph.output, *typed.graph.initializer]
+             if hasattr(v, "type")}
+    assert ranks[prelu.input[0]] == 3, ranks
+
+
 def test_autobatch_ops_prints_the_table_and_when_each_way_applies():
     everything = autobatch_cli("ops")
     assert everything.returncode == 0, everything.stderr
