@@ -24,7 +24,6 @@ from autobatch.ir.recent import Budgeted
 from autobatch.ir.types import type_of_value
 from autobatch.ir.limits import WorkLimit
 
-FOLD_ROUNDS = 8  # rounds of folding what the input types decide, then inferring shapes again
 # What a session keeps, most recently used first: a long-running server meets ever new input
 # shapes, and unbounded caches would only grow.
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
@@ -129,9 +128,10 @@ def typed_instance(graph: Graph, input_types: Mapping[str, ValueType], weights: 
     for name, vtype in input_types.items():
         graph.values[name].type = vtype
     graph.infer_shapes()
-    for _ in range(FOLD_ROUNDS):  # what folding makes known (a reshape's target) may make more shapes known
-        if not fold_known_values(graph, evaluate):
-            break
+    # What folding makes known (a reshape's target) may make more shapes known: before opset 14
+    # onnx infers a Reshape's shape only from a constant target, so a deep export's chain of
+    # Shape -> ... -> Reshape is known a layer a round. Each round folds a node at least.
+    while fold_known_values(graph, evaluate):
         graph.infer_shapes()
     return graph
 

@@ -143,9 +143,11 @@ def build(name: str, size: int = 32, layers: int = 2, seed: int = 0) -> torch.nn
     return LastHidden(transformers.GPT2Model(config)).eval()
 
 
-def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bool = False, mask: bool = False) -> Path:
+def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bool = False, mask: bool = False,
+           opset: int | None = None) -> Path:
     """``module`` written to ``path`` for one instance of any length (with its attention ``mask``
-    as an input too), or (``padded``) for a padded batch of any size and length."""
+    as an input too), or (``padded``) for a padded batch of any size and length; at ``opset``
+    (by default the exporter's: 18 for dynamo, else 17)."""
     image = isinstance(module, Classifier)
     ids = torch.randn(2 if padded else 1, 3, 16, 16) if image else torch.randint(0, VOCABULARY, (2 if padded else 1, 7))
     masked = padded or mask
@@ -156,7 +158,7 @@ def export(module: torch.nn.Module, path: Path, dynamo: bool = False, padded: bo
         axes = {0: "batch", 2: "height", 3: "width"} if padded else {2: "height", 3: "width"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporters' deprecations and notes
-        torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=18 if dynamo else 17,
+        torch.onnx.export(module, args, str(path), dynamo=dynamo, opset_version=opset or (18 if dynamo else 17),
                           input_names=names, output_names=["y"],
                           dynamic_axes={"ids": axes, **({"mask": {0: "batch", 1: "length"} if padded else {1: "length"}}
                                                         if masked else {}),
