@@ -9,6 +9,7 @@
    it), in topological order or, for the late levels, backwards.
    search: schedulers._agenda with the level scheduler's choice (schedulers._level_schedule and
    its tie-breaks) or the agenda's own (schedulers.agenda_schedule).
+   classes: classing.Classing.sign's loop over the records (classing._classes_of in Python).
 
    Arrays arrive as C-contiguous NumPy arrays of int64 (float64 for the classes' average
    depths, uint8 for their expense flags); the Python side makes them so. */
@@ -166,6 +167,142 @@ done:
     Py_XDECREF(wanted);
     Py_XDECREF(all);
     PyBuffer_Release(&flags_view);
+    return result;
+}
+
+/* ------------------------------------------------------------------ classes of records */
+/* A record key's identity: the objects it is made of (a tuple's items, a tuple item's items:
+   a traced key is ("", op_type, attributes' id, entries)), an exact int by its value (each
+   record has its own int object for the attributes' id). Keys of one identity are equal, so
+   they share a class: looked up by pointers and ints, no Python __hash__ or __eq__ called (a
+   traced key holds ValueTypes, whose hash is Python code). */
+static uint64_t part_of(PyObject *item) {
+    if (PyLong_CheckExact(item)) {
+        int overflow = 0;
+        long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (!overflow && !(value == -1 && PyErr_Occurred())) return (uint64_t)value * 0x9E3779B97F4A7C15ULL;
+        PyErr_Clear();
+    }
+    return (uint64_t)(uintptr_t)item;
+}
+
+static uint64_t identity_of(PyObject *key) {
+    uint64_t h = 1469598103934665603ULL;
+#define MIX(v) (h = (h ^ (v)) * 1099511628211ULL, h ^= h >> 29)
+    if (!PyTuple_Check(key)) {
+        MIX(part_of(key));
+        return h;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(key); k++) {
+        PyObject *item = PyTuple_GET_ITEM(key, k);
+        if (PyTuple_Check(item)) {
+            MIX((uint64_t)PyTuple_GET_SIZE(item) + 1);
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(item); j++) MIX(part_of(PyTuple_GET_ITEM(item, j)));
+        } else {
+            MIX(part_of(item));
+        }
+    }
+#undef MIX
+    return h;
+}
+
+/* The same object, or exact ints of one value (compared as such: no Python code runs). */
+static int same_part(PyObject *x, PyObject *y) {
+    if (x == y) return 1;
+    if (!PyLong_CheckExact(x) || !PyLong_CheckExact(y)) return 0;
+    int same = PyObject_RichCompareBool(x, y, Py_EQ);
+    if (same < 0) PyErr_Clear();
+    return same > 0;
+}
+
+static int same_identity(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (!PyTuple_Check(a) || !PyTuple_Check(b) || PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b)) return same_part(a, b);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(a); k++) {
+        PyObject *x = PyTuple_GET_ITEM(a, k), *y = PyTuple_GET_ITEM(b, k);
+        if (same_part(x, y)) continue;
+        if (!PyTuple_Check(x) || !PyTuple_Check(y) || PyTuple_GET_SIZE(x) != PyTuple_GET_SIZE(y)) return 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(x); j++)
+            if (!same_part(PyTuple_GET_ITEM(x, j), PyTuple_GET_ITEM(y, j))) return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    uint64_t hash;
+    PyObject *key;  /* borrowed: its record, in the list being read, holds it */
+    PyObject *cls;  /* borrowed: class_of holds it */
+} KeySlot;
+
+static PyObject *classes(PyObject *self, PyObject *args) {
+    PyObject *records_o, *class_of, *make, *out;
+    if (!PyArg_ParseTuple(args, "OO!OO!", &records_o, &PyDict_Type, &class_of, &make, &PyList_Type, &out)) return NULL;
+    PyObject *records = PySequence_Fast(records_o, "classes: records must be a sequence");
+    if (records == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(records), size = 1024, used = 0;
+    KeySlot *table = calloc((size_t)size, sizeof(KeySlot));
+    PyObject *result = NULL;
+    if (table == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *record = PySequence_Fast_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 8) {
+            PyErr_SetString(PyExc_TypeError, "classes: a record must be a Record (a tuple of its fields)");
+            goto done;
+        }
+        PyObject *key = PyTuple_GET_ITEM(record, 7), *cls = NULL;
+        uint64_t hash = identity_of(key);
+        Py_ssize_t at = (Py_ssize_t)(hash & (uint64_t)(size - 1));
+        while (table[at].key != NULL) {
+            if (table[at].hash == hash && same_identity(table[at].key, key)) {
+                cls = table[at].cls;
+                break;
+            }
+            at = (at + 1) & (size - 1);
+        }
+        if (cls == NULL) {  /* a new identity: its class by value, else a new class */
+            cls = PyDict_GetItemWithError(class_of, key);
+            if (cls == NULL) {
+                if (PyErr_Occurred()) goto done;
+                PyObject *made = PyObject_CallOneArg(make, record);
+                if (made == NULL) goto done;
+                int failed = PyDict_SetItem(class_of, key, made);
+                Py_DECREF(made);
+                if (failed < 0) goto done;
+                cls = PyDict_GetItemWithError(class_of, key);  /* borrowed, held by class_of */
+                if (cls == NULL) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "classes: a key's class vanished");
+                    goto done;
+                }
+            }
+            table[at].hash = hash;
+            table[at].key = key;
+            table[at].cls = cls;
+            if (++used * 2 > size) {  /* grown at half full: probes stay short */
+                KeySlot *grown = calloc((size_t)size * 2, sizeof(KeySlot));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                for (Py_ssize_t k = 0; k < size; k++) {
+                    if (table[k].key == NULL) continue;
+                    Py_ssize_t to = (Py_ssize_t)(table[k].hash & (uint64_t)(size * 2 - 1));
+                    while (grown[to].key != NULL) to = (to + 1) & (size * 2 - 1);
+                    grown[to] = table[k];
+                }
+                free(table);
+                table = grown;
+                size *= 2;
+            }
+        }
+        if (PyList_Append(out, cls) < 0) goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    free(table);
+    Py_DECREF(records);
     return result;
 }
 
@@ -454,6 +591,10 @@ static PyMethodDef module_methods[] = {
     {"alive", alive, METH_VARARGS,
      "alive(preds, producers, flags): flat._live's pass, flags (bytes, a node each, zeros) set to 1 for every node "
      "a producer reads, itself included; how many."},
+    {"classes", classes, METH_VARARGS,
+     "classes(records, class_of, make, out): Classing.sign's loop, each record's class appended to out: "
+     "class_of[record.key], or make(record) stored there for a key new to it; keys looked up by the "
+     "objects they are made of first."},
     {"levels", levels, METH_VARARGS,
      "levels(starts, sources, sig, classes, backwards, out): problem._levels' DP into out (int64, a node each)."},
     {"search", search, METH_VARARGS,

@@ -4,7 +4,7 @@ planner."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from autobatch.batcher.layout import PER_SIZE, ROW_BITS, as_text, node_of, resha
 from autobatch.batcher.node_rules import MIN_STACKING_OPSET, RANDOM
 from autobatch.batcher.padding import padding
 from autobatch.batcher.plan import Kind, RowReduction, Template
-from autobatch.batcher.problem import UNBATCHABLE, Problem, problem_from
+from autobatch.batcher.problem import SCHEDULING, UNBATCHABLE, Problem, problem_from
 from autobatch.batcher.ragged import ROW_LOSS, one_row_signatures, ragged_signature, segment_keepdims
 from autobatch.batcher.rule_tables import Refusal
 from autobatch.batcher.sequences import SEQUENCE_LENS, own_states, zero_states
@@ -31,6 +31,17 @@ SUM_OF_TERMS = "sum of terms"
 _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged classes are merged
 
 
+def classes_of(records: Sequence[Record], class_of: dict[Hashable, int], make: Callable[[Record], int],
+               out: list[int]) -> None:
+    """``_scheduling.classes``' twin: each record's class appended to ``out``, ``class_of[key]``,
+    or ``make(record)`` stored there for a key new to it."""
+    for record in records:
+        cls = class_of.get(record.key)
+        if cls is None:
+            cls = class_of[record.key] = make(record)
+        out.append(cls)
+
+
 class Classing:
     """Signature classes and their templates (a part of ``flat._Planner``)."""
 
@@ -39,13 +50,8 @@ class Classing:
         """Signature classes (with their templates) of the records, and the problem (its parts
         the records' instances when they are ``apart``)."""
         class_of: dict[Hashable, int] = {}  # a record key -> its class
-        record_class = self.record_class
-        for record in records:
-            cls = class_of.get(record.key)
-            if cls is None:
-                cls = class_of[record.key] = self._class(record)
-            record_class.append(cls)
-        sig = self._merge_ragged()[np.array(record_class, dtype=np.int64)]
+        (SCHEDULING.classes if SCHEDULING is not None else classes_of)(records, class_of, self._class, self.record_class)
+        sig = self._merge_ragged()[np.array(self.record_class, dtype=np.int64)]
         if apart and padded:
             sig = self._merge_padded(sig, records)
         self.record_class = sig.tolist()

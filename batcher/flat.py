@@ -74,7 +74,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     steps: list[Step] = []
     launches_by_op: Counter[str] = Counter()
     for group in schedule:  # a step a launch; rows picked where they lie make none (``Layout._picked_rows``)
-        made = planner.steps([records[i] for i in group], planner.record_class[group[0]])
+        made = planner.steps(list(map(records.__getitem__, group)), planner.record_class[group[0]])
         steps += made
         if made:
             launches_by_op[records[group[0]].op_type] += len(made)

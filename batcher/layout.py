@@ -5,6 +5,7 @@ and the steps that read and write there, made from a schedule's groups of one cl
 from __future__ import annotations
 
 import itertools
+import operator
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
@@ -24,6 +25,7 @@ from autobatch.ir.types import type_of_value
 ROW_BITS = 40
 ROW_MASK = (1 << ROW_BITS) - 1
 PER_SIZE = "per size"  # the rule read N: templates are kept per (key, N)
+_INPUTS, _OUTPUTS = operator.attrgetter("inputs"), operator.attrgetter("outputs")  # of a record: a map over members, no loop of Python
 
 
 class Layout:
@@ -123,7 +125,7 @@ class Layout:
 
     def _step(self, members: list[Record], template: Template | None) -> Step:
         first = members[0]
-        outputs = list(zip(*[member.outputs for member in members]))  # per output, its name in each member
+        outputs = list(zip(*map(_OUTPUTS, members)))  # per output, its name in each member
         if template is None:  # a sum of terms
             terms = [name for member in members for name in member.inputs]
             offsets = np.cumsum([0] + [len(m.inputs) for m in members[:-1]], dtype=np.intp)
@@ -135,7 +137,7 @@ class Layout:
             writes = [self._write(first, k, names, True) if stackable(first.types[k]) else self._loose(names[0])
                       for k, names in enumerate(outputs) if names[0]]
             return Step(template, 1, reads, [first.inputs[i] for i in template.fed], writes)
-        inputs = list(zip(*[member.inputs for member in members]))  # per input, its name in each member
+        inputs = list(zip(*map(_INPUTS, members)))  # per input, its name in each member
         reads = [self._rows(inputs[i]) for i in template.stacked]
         writes = [self._write(first, k, names, template.once) for k, names in enumerate(outputs) if names[0]]
         return Step(template, len(members), reads, [first.inputs[i] for i in template.fed], writes)
@@ -172,13 +174,13 @@ class Layout:
         data = next(i for i, entry in enumerate(members[0].entries) if isinstance(entry, ValueType))
         axis, out_axes = (template.length_axis, template.out_axes) if isinstance(template, Template) else (0, ())
         members, lengths, groups, bounds = _by_length(members, data, axis)
-        inputs = list(zip(*[member.inputs for member in members]))
+        inputs = list(zip(*map(_INPUTS, members)))
         sequences = isinstance(template, Template) and template.sequences
         stacked = [data] if isinstance(template, RowReduction) else template.stacked
         # A recurrent layer's own initial states: one row a member, in the step's order.
         reads = [self._rows(inputs[i]) if sequences and i != data else
                  self._ragged_read(inputs[i], bounds, members[0].entries[i], axis) for i in stacked]
-        outputs = list(zip(*[member.outputs for member in members]))
+        outputs = list(zip(*map(_OUTPUTS, members)))
         # A reduction of each member's rows (a ReduceSum or ReduceMean itself, or a loss a row
         # reduced): one output, of one shape, K rows of one arena.
         segment = template if isinstance(template, RowReduction) else template.segment
@@ -218,7 +220,7 @@ class Layout:
             operands = [(k, left) for k in range(states)] + [(k, right) for k in range(states)]
             launches.append(self._fold_level(node_cell, len(nodes), operands, nodes))
         sizes = [len(matrix) for matrix in matrices]  # type: ignore[arg-type]
-        outputs = list(zip(*[member.outputs for member in members]))
+        outputs = list(zip(*map(_OUTPUTS, members)))
         writes = [self._block(members[0], k, names, sizes) for k, names in enumerate(outputs)]
         return Step(None, len(members), [leaves], [], writes, groups=groups, fold=launches)
 

@@ -115,6 +115,45 @@ def test_compiled_and_python_find_the_same_live_records(monkeypatch: pytest.Monk
             problem_module.SCHEDULING.alive([[], []], [2], bytearray(2))
 
 
+@COMPILED_ONLY
+def test_compiled_and_python_give_records_the_same_classes() -> None:
+    """``_scheduling.classes`` looks keys up by the objects they are made of first (ints by
+    value), then by value: equal keys of other objects, ints past 64 bits, keys that are no
+    tuples and nested ones all get the class the Python loop gives, each new key made once."""
+    from autobatch.batcher.classing import classes_of
+    rng = np.random.default_rng(12)
+    shared = ("a", "b", (1, 2))
+    for trial in range(30):
+        keys = []
+        for _ in range(int(rng.integers(1, 400))):
+            kind = int(rng.integers(0, 6))
+            if kind == 0:
+                keys.append(shared)  # the same object
+            elif kind == 1:
+                keys.append(("", "Add", int(rng.integers(0, 3)) + 10**6, ("x", "y")))  # an own int, equal by value
+            elif kind == 2:
+                keys.append(("", "Big", 2**70 + int(rng.integers(0, 2)), ()))  # past 64 bits
+            elif kind == 3:
+                keys.append(int(rng.integers(0, 4)))  # not a tuple
+            elif kind == 4:
+                keys.append(("n", (("deep", int(rng.integers(0, 2))),)))  # a tuple in a tuple in a tuple
+            else:
+                keys.append(("s", "".join(["ab", "c"][: int(rng.integers(1, 3))])))  # equal strings, other objects
+        records = [Record("Op", "", [], [], {}, [], (), key, []) for key in keys]
+        results = []
+        for classes in (problem_module.SCHEDULING.classes, classes_of):  # type: ignore[union-attr]
+            made: list[object] = []
+            class_of: dict = {}
+            out: list[int] = []
+            classes(records, class_of, lambda record: made.append(record.key) or len(made) - 1, out)
+            results.append((out, made, class_of))
+        (compiled, made_c, of_c), (python, made_p, of_p) = results
+        assert compiled == python and made_c == made_p and of_c == of_p, trial
+        assert len(made_c) == len(set(made_c))
+    with pytest.raises(TypeError, match="a record must be a Record"):
+        problem_module.SCHEDULING.classes([("short",)], {}, len, [])  # type: ignore[union-attr]
+
+
 def _traced_problem(monkeypatch: pytest.MonkeyPatch, loss: object, instances: list, params: object) -> Problem:
     """The problem a traced minibatch's plan schedules."""
     problems: list[Problem] = []
