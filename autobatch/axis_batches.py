@@ -45,6 +45,7 @@ class AxisBatches:
         # whether the last batch did work once for all later ones (a probe, a signature checked,
         # a session made): its time says little of the next batches' (``autobatch.ways``)
         self.fresh = False
+        self.planned_now = False  # whether the last batch made the node-level plan (else it was kept)
 
     def fits(self, batch: Sequence[Mapping[str, Any]],
              signatures: Sequence[tuple]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
@@ -57,7 +58,7 @@ class AxisBatches:
 
     def _fits_of(self, batch: Sequence[Mapping[str, Any]],
                  signatures: Sequence[tuple]) -> list[tuple[int, Mapping[str, np.ndarray]]] | None:
-        self.fresh = self.runner is None
+        self.fresh = self.planned_now = self.runner is None
         if self.refusal is not None or len(batch) < 2 or self.runner is None and not self._probe(batch, signatures):
             return None
         fits = []

@@ -280,8 +280,9 @@ class InferenceSession:
                                   logging.WARNING)
             else:
                 seconds.update(plan=begin - start, execute=time.perf_counter() - begin)
-                self.stats = SessionStats(len(checked), report, True, launches=report.launches, seconds=seconds,
-                                          whole_plan=True)
+                self.stats = SessionStats(len(checked), report, not self.axis_batches.planned_now,  # type: ignore[union-attr]
+                                          launches=report.launches, seconds=seconds,
+                                          whole_plan=self.backend == "onnxruntime")  # (NumPy: one graph interpreted)
                 return results
         # The union graph names instance k's values "i{k}/name", but keeps constants shared.
         union_feeds = {f"i{k}/{name}": value for k, feeds in enumerate(checked) for name, value in feeds.items()}

@@ -47,6 +47,8 @@ def test_every_new_mix_runs_as_one_graph_planned_once(backend, op, direction):
         assert_each_alone(session, batch, got)
         runner = runner or session.axis_batches.runner
         assert session.axis_batches.runner is runner  # planned once, for every mix
+        # The stats say so: kept from the first batch on; one onnxruntime session there, a graph NumPy runs here.
+        assert session.stats.plan_cached == (count != 2) and session.stats.whole_plan == (backend == "onnxruntime")
     assert len(session._flat_plans) == 0  # no mix was planned record by record
 
 
