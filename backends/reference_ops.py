@@ -23,14 +23,37 @@ def node_proto(node: Node) -> onnx.NodeProto:
     return proto
 
 
+def _callees_first(functions: dict[tuple[str, str], onnx.FunctionProto]) -> list[tuple[str, str]]:
+    """The functions' keys, each after the functions it calls (the model may list a caller
+    first); a cycle's members in the model's order (their evaluator then says what it lacks)."""
+    order: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for root in functions:  # depth first, without recursion: a chain of calls may be deep
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(functions[root].node))]
+        while stack:
+            key, nodes = stack[-1]
+            callee = next(((n.domain, n.op_type) for n in nodes if (n.domain, n.op_type) in functions
+                           and (n.domain, n.op_type) not in seen), None)
+            if callee is None:
+                stack.pop()
+                order.append(key)
+            else:
+                seen.add(callee)
+                stack.append((callee, iter(functions[callee].node)))
+    return order
+
+
 class ReferenceOps:
     """Creates ``onnx.reference`` implementations for the nodes of one graph."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         functions: dict[tuple[str, str], ReferenceEvaluator] = {}
-        for key, function in graph.functions.items():  # a function may call the ones before it
-            functions[key] = ReferenceEvaluator(function, functions=list(functions.values()))
+        for key in _callees_first(graph.functions):  # an evaluator knows the functions it calls when made
+            functions[key] = ReferenceEvaluator(graph.functions[key], functions=list(functions.values()))
         self.functions = functions
         self.run_params = {
             "log": lambda *args: None,

@@ -60,7 +60,8 @@ class FunctionRule:
             value = constant_value(node)
             return refuse("a sparse constant") if value is None else [Operand(e.const(value), False, value.shape, value)]
         if not any(o is not None and o.stacked for o in operands):  # only shared inputs: run once
-            names = e.op(node.op_type, [o.name if o else "" for o in operands], node.attributes, len(node.outputs))
+            names = e.op(node.op_type, [o.name if o else "" for o in operands], node.attributes, len(node.outputs),
+                         domain=node.domain)
             return [Operand(n, False, s or ()) for n, s in zip(names, shapes)]
         rule = rule_for(node, self.functions)
         if rule is None:

@@ -151,6 +151,7 @@ class Layout:
         if template == PER_SIZE:
             template = self._template(top, len(chunk))
         if isinstance(template, Refusal):
+            self.alone_steps[f"{top.op_type}: {template.reason}"] += len(chunk)
             return [self._step([member], self._template(member, None, solo=template.reason)) for member in chunk]  # type: ignore[arg-type]
         assert isinstance(template, Template)
         if all(member.key == top.key for member in chunk):

@@ -71,10 +71,11 @@ class GraphEmitter(OpsetWatch):
         return name
 
     def op(self, op_type: str, inputs: Sequence[str], attributes: dict[str, Any] | None = None,
-           n_outputs: int = 1, name: str = "") -> list[str]:
-        self.watch(op_type)
+           n_outputs: int = 1, name: str = "", domain: str = "") -> list[str]:
+        if not domain:
+            self.watch(op_type)
         outputs = [self._fresh("v") for _ in range(n_outputs)]
-        self.out.add_node(op_type, list(inputs), outputs, attributes, name=self.node_name(name))
+        self.out.add_node(op_type, list(inputs), outputs, attributes, domain=domain, name=self.node_name(name))
         return outputs
 
     def node_name(self, prefix: str) -> str:
@@ -98,8 +99,9 @@ class DryEmitter(OpsetWatch):
         return "dry"
 
     def op(self, op_type: str, inputs: Sequence[str], attributes: dict[str, Any] | None = None,
-           n_outputs: int = 1) -> list[str]:
-        self.watch(op_type)
+           n_outputs: int = 1, domain: str = "") -> list[str]:
+        if not domain:
+            self.watch(op_type)
         return ["dry"] * n_outputs
 
 

@@ -294,6 +294,17 @@ def test_a_prelu_of_a_shared_value_by_each_instances_slope_broadcasts_the_slope_
     assert ranks[prelu.input[0]] == 3, ranks
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_function_calling_another_on_shared_values_batches_in_one_launch(backend):
+    """Inside a batched function call, a call of another function on shared values runs once,
+    in its own domain (it was emitted as a standard op of that name, then refused)."""
+    from tests.test_interpreter import NESTED_FUNCTIONS
+    session = InferenceSession(NESTED_FUNCTIONS, backend=backend)
+    rng = np.random.default_rng(9)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((2, 4)).astype(np.float32)} for _ in range(3)])
+    assert session.stats.report.launches_by_op == {"F": 1} and not session.stats.report.alone
+
+
 def test_autobatch_ops_prints_the_table_and_when_each_way_applies():
     everything = autobatch_cli("ops")
     assert everything.returncode == 0, everything.stderr

@@ -101,6 +101,22 @@ def test_model_local_function_runs():
     assert y.tolist() == [1, 8, 27]
 
 
+def test_a_function_may_call_one_listed_after_it():
+    """ONNX does not order a model's functions: the interpreter makes each one's evaluator after
+    those it calls (a caller listed first failed: "Node type 'G' from domain 'local' is unknown")."""
+    (y,) = NumpyBackend.prepare(NESTED_FUNCTIONS).run([np.ones((2, 4), np.float32)])
+    assert y.tolist() == [[0, 3, -2, 5]] * 2
+
+
+NESTED_FUNCTIONS = onnx.parser.parse_model("""<ir_version: 10, opset_import: ["" : 18, "local" : 1]>
+    g (float[2, 4] x) => (float[2, 4] y) <float[4] w = {1, -2, 3, -4}> { y = local.F(x, w) }
+    <domain: "local", opset_import: ["" : 18, "local" : 1]>
+    F (a, b) => (d) <float[4] c, float[2, 4] d> { c = local.G(b)  d = Add(a, c) }
+    <domain: "local", opset_import: ["" : 18]>
+    G (u) => (v) { v = Neg(u) }
+    """)
+
+
 def test_outputs_never_alias_weights_or_feeds():
     model = onnx.parser.parse_model("""
     <ir_version: 9, opset_import: ["" : 18]>
