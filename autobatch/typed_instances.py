@@ -22,11 +22,12 @@ from autobatch.frontends.onnx_control_flow import unroll_instance
 from autobatch.ir import Graph, Recent, ValueType
 from autobatch.ir.recent import Budgeted
 from autobatch.ir.types import type_of_value
-from autobatch.ir.limits import WorkLimit
+from autobatch.ir.limits import WorkLimit, check_deadline
 
 # What a session keeps, most recently used first: a long-running server meets ever new input
 # shapes, and unbounded caches would only grow.
 SHAPES_KEPT = 1024  # typed graphs and their records, per input signature
+FOLD_WORK = 500_000  # nodes inferred again, all rounds of folding together, that typing may spend
 UNROLLED_NODES_KEPT = 500_000  # nodes of the control-flow instances last unrolled (``check`` unrolls what
 # ``run_batch`` then runs): a cap on nodes, not instances, as one instance may unroll into 100,000
 
@@ -130,8 +131,13 @@ def typed_instance(graph: Graph, input_types: Mapping[str, ValueType], weights: 
     graph.infer_shapes()
     # What folding makes known (a reshape's target) may make more shapes known: before opset 14
     # onnx infers a Reshape's shape only from a constant target, so a deep export's chain of
-    # Shape -> ... -> Reshape is known a layer a round. Each round folds a node at least.
-    while fold_known_values(graph, evaluate):
+    # Shape -> ... -> Reshape is known a layer a round (a 48-layer GPT-2: about 50 rounds). Each
+    # round infers the whole graph again: the rounds are bounded by the graph's size, so that
+    # a chain of thousands of such layers costs seconds, its rest left to plan per mix.
+    for _ in range(max(8, FOLD_WORK // max(1, len(graph.nodes)))):
+        check_deadline()
+        if not fold_known_values(graph, evaluate):
+            break
         graph.infer_shapes()
     return graph
 

@@ -470,6 +470,37 @@ def test_a_float16_sum_or_mean_over_the_length_is_not_pooled_padded(backend, op)
     assert session.stats.report.scheduler != "instance axis"
 
 
+def _reshape_chain(layers: int) -> onnx.ModelProto:
+    """``layers`` of Shape -> Reshape -> Relu at opset 13: onnx types each Reshape only once its
+    target is folded, a layer a round of typing."""
+    from onnx import TensorProto, helper
+    nodes, previous = [], "x"
+    for k in range(layers):
+        nodes += [helper.make_node("Shape", [previous], [f"s{k}"]), helper.make_node("Reshape", [previous, f"s{k}"], [f"r{k}"]),
+                  helper.make_node("Relu", [f"r{k}"], [f"y{k}"])]
+        previous = f"y{k}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["L", 4])],
+                              [helper.make_tensor_value_info(previous, TensorProto.FLOAT, ["L", 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+
+
+def test_typing_goes_a_layer_a_round_within_a_bound_on_its_work(backend, monkeypatch):
+    """Typing folds and infers again while folding finds more (20 layers, 20 rounds: planned once
+    per node), but no more rounds than ``FOLD_WORK`` nodes inferred again allow (at least 8): a
+    chain of thousands of layers costs seconds, not hours, the layers past it planned per mix,
+    with the same results."""
+    from autobatch import typed_instances
+    rng = np.random.default_rng(30)
+    batch = [{"x": rng.standard_normal((n, 4)).astype(np.float32)} for n in (2, 3, 5)]
+    session = autobatch.InferenceSession(_reshape_chain(20), backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, batch)
+    assert session.stats.report.scheduler == "instance axis", session.axis_batches.refusal
+    monkeypatch.setattr(typed_instances, "FOLD_WORK", 1)  # 8 rounds, whatever the graph's size
+    session = autobatch.InferenceSession(_reshape_chain(20), backend=backend, alone_when_faster=False)
+    assert_batched_equals_alone(session, batch)
+    assert session.stats.report.scheduler != "instance axis"
+
+
 def test_a_batch_with_an_instance_too_short_for_a_picked_position_is_planned_per_mix(backend):
     """The third token of an instance of two: alone it fails, and so does the batch, run again
     instance by instance; the node-level plan stays for the next batch."""
