@@ -54,9 +54,14 @@ class Layout:
             template = self._template(members[0], len(members))
             if isinstance(template, Refusal):
                 solo = self._template(members[0], None, solo=template.reason)
-                self.alone_steps[f"{members[0].op_type}: {template.reason}"] += len(members)
+                self._alone(members[0], template.reason, len(members))
                 return [self._step([member], solo) for member in members]  # type: ignore[arg-type]
         return [self._step(members, template)]
+
+    def _alone(self, record: Record, reason: str, members: int) -> None:
+        """Members of a group run one at a time where a rule refused their number, counted by
+        op and reason (``report.alone``)."""
+        self.alone_steps[f"{record.op_type}: {reason}"] += members
 
     def _vector_template(self, members: list[Record], template: Template | RowReduction) -> Template | None:
         """The template of the members' own signature where a row-wise class's group holds
@@ -151,7 +156,7 @@ class Layout:
         if template == PER_SIZE:
             template = self._template(top, len(chunk))
         if isinstance(template, Refusal):
-            self.alone_steps[f"{top.op_type}: {template.reason}"] += len(chunk)
+            self._alone(top, template.reason, len(chunk))
             return [self._step([member], self._template(member, None, solo=template.reason)) for member in chunk]  # type: ignore[arg-type]
         assert isinstance(template, Template)
         if all(member.key == top.key for member in chunk):

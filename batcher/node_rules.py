@@ -35,7 +35,7 @@ def in_opset(op_type: str, opset: int) -> bool:
 
 class OpsetWatch:
     """Notes the first op a rule emits that its graph's opset lacks (a rule written for recent
-    opsets, over an old model's node): the rule's result is then refused (``lacking``)."""
+    opsets, over an old model's node): the rule's result is then refused (``checked``)."""
 
     opset = onnx.defs.onnx_opset_version()
     missing: str | None = None
@@ -44,8 +44,9 @@ class OpsetWatch:
         if self.missing is None and not in_opset(op_type, self.opset):
             self.missing = op_type
 
-    def lacking(self) -> Refusal | None:
-        return None if self.missing is None else \
+    def checked(self, result: Any) -> Any:
+        """The rule's result, or its refusal where it emitted an op the opset lacks."""
+        return result if self.missing is None else \
             Refusal(f"its batched form needs {self.missing}, which opset {self.opset} lacks")
 
 
@@ -151,9 +152,7 @@ def refusal(graph: Graph, node: Node) -> str | None:
     if any(0 in o.shape for o in ins if o is not None and o.stacked) or any(0 in shape for shape in outs):
         return EMPTY  # a 0 in a Reshape's shape copies a dimension
     dry = DryEmitter(graph.opset_imports.get("", 1))
-    result = rule(dry, node, ins, outs)
-    lacking = dry.lacking()
-    result = result if lacking is None else lacking
+    result = dry.checked(rule(dry, node, ins, outs))
     return result.reason if isinstance(result, Refusal) else None
 
 

@@ -56,10 +56,8 @@ def build_template(node: Node, specs: tuple, baked: dict[int, np.ndarray], out_s
         results = _op_itself(graph, node, operands)
     else:
         rule = rule_for(node, functions)
-        results = rule(emit, node, operands, out_shapes) if rule is not None else \
+        results = emit.checked(rule(emit, node, operands, out_shapes)) if rule is not None else \
             Refusal(f"no batching rule for {node.qualified_op}")
-        lacking = emit.lacking()
-        results = results if lacking is None else lacking
         if isinstance(results, Refusal):
             return results, emit.read_size
     _add_outputs(graph, node, results)
