@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +35,13 @@ log = logging.getLogger("autobatch")
 TRACED_TEMPLATES = TemplateCache()
 # ... and the weights their templates may bake: a weight one minibatch baked, the next reads baked.
 TRACED_SNAPSHOTS = WeightSnapshots()
+# What plans learnt of record keys (``plan_records``' ``known``), by what the weight names in
+# those keys denote (``Tracer.weights_binding``): the next minibatch of a model, or the next
+# lockstep round, names the same weights and need not learn its keys again (the char tagger
+# met 305 keys a minibatch, 3-4 ms of 48). Each entry holds weak references to the arrays it
+# identifies, so a dead one's id taken by a new array is found out.
+BINDINGS_KEPT = 16
+_KNOWN_BY_BINDING: Recent = Recent(BINDINGS_KEPT)
 
 
 class Batch(Tracer):
@@ -68,28 +76,27 @@ class Batch(Tracer):
         self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
-        # What this block's plans learnt of record keys (``plan_records``), for the next plan
-        # (a lockstep round like the last). A key names its weights, not their values, so
-        # this holds only while every weight is read-only (``frozen_weights``); a block
-        # entered again may give a name to another weight: emptied when the block ends.
-        self._known_keys: Recent = Recent(KEYS_KEPT)
-
-    def __exit__(self, kind: type | None, *rest: Any) -> None:
-        try:
-            super().__exit__(kind, *rest)
-        finally:
-            self._known_keys.clear()
 
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
         """The plan that computing these pending tensors runs (its ``report`` says how it
         batches them); nothing runs, and the batch stays pending."""
         try:
-            known = self._known_keys if frozen_weights(self._weights) else None
+            known = self._known_keys() if frozen_weights(self._weights) else None
             return plan_records(self._records, [t.name for t in wanted], [t.producer for t in wanted], self._weights,
                                 self._literals, self.functions, self._opsets(), self.scheduler, known,
                                 cache=TRACED_TEMPLATES, literals_fixed=True)  # a traced plan runs on its own data once
         except NotFlat as why:
             raise TraceError(str(why)) from None
+
+    def _known_keys(self) -> Recent:
+        """What earlier plans learnt of keys that name this batch's weights as it does. A key
+        names its weights, not their values: only while every weight is read-only
+        (``frozen_weights``) does a name's weight stay what it was."""
+        binding, arrays = self.weights_binding()
+        entry = _KNOWN_BY_BINDING.get(binding)
+        if entry is None or any(ref() is None for ref in entry[0]):
+            entry = _KNOWN_BY_BINDING[binding] = ([weakref.ref(array) for array in arrays], Recent(KEYS_KEPT))
+        return entry[1]
 
     def plan_model(self, tensors: Sequence[Tensor]) -> onnx.ModelProto:
         """The plan that computing these pending tensors runs, lowered to one ONNX model

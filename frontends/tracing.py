@@ -170,6 +170,14 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
             self.parameters_used[name] = parameter
         return tensor
 
+    def weights_binding(self) -> tuple[tuple, list[np.ndarray]]:
+        """A key for what this batch's weight names denote, equal in a batch whose names denote
+        the same weights: each parameter's array by identity, each shared constant by value;
+        and the parameters' arrays, whose identities hold only while they live."""
+        arrays = [self._weights[name] for name in self.parameters_used]
+        names = tuple(zip(self.parameters_used, map(id, arrays)))
+        return (names, tuple(self._shared)), arrays
+
     def row(self, parameter: Parameter, index: int) -> Tensor:
         """Row ``index`` of a parameter, known now (an embedding lookup by a Python int, in
         range: ``ops.pick`` checks it): a view of the parameter read as data, so it costs the

@@ -504,16 +504,58 @@ def test_a_block_plans_with_what_its_earlier_plans_learnt_only_while_its_weights
     assert rounds[1] == (0 if frozen else rounds[0])
 
 
-def test_a_block_entered_again_does_not_read_what_it_learnt_of_another_weight_of_that_name() -> None:
-    """A parameter's value in a batch is named by its name and its order in the block: entered
-    again, the block may give that name to another (frozen) weight, whose values its plans read."""
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_new_block_plans_with_what_earlier_blocks_learnt_only_of_the_same_frozen_weights(
+        monkeypatch: pytest.MonkeyPatch, frozen: bool) -> None:
+    """Minibatch after minibatch, each a ``Batch`` of its own over the same read-only weights:
+    the second works out none of the keys the first did (``Batch._known_keys``)."""
+    weight = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
+    bias = Parameter(RNG.standard_normal(4).astype(np.float32))
+    if frozen:
+        weight.freeze(), bias.freeze()
+    worked_out = _counting_kinds(monkeypatch)
+    xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
+    blocks = []
+    for _ in range(2):
+        before = worked_out[0]
+        with Batch() as batch:
+            got = [ops.tanh(ops.add(ops.matmul(batch.constant(x), weight), bias)).numpy() for x in xs]
+        blocks.append(worked_out[0] - before)
+        np.testing.assert_allclose(got, np.tanh(np.array(xs) @ weight.array + bias.array), rtol=1e-5, atol=1e-6)
+    assert blocks[0] > 0
+    assert blocks[1] == (0 if frozen else blocks[0])
+
+
+@pytest.mark.parametrize("same_batch", [True, False])
+def test_a_block_does_not_read_what_was_learnt_of_another_weight_of_that_name(same_batch: bool) -> None:
+    """A parameter's value in a batch is named by its name and its order in the block: a block
+    entered again, or a new batch, may give that name to another (frozen) weight, whose values
+    its plans read (a small bias, held by value in the templates)."""
     first, second = (Parameter(RNG.standard_normal(4).astype(np.float32), name="bias").freeze() for _ in range(2))
     x = RNG.standard_normal(4).astype(np.float32)
     batch = Batch()
     for bias in (first, second):
-        with batch:
-            got = ops.add(batch.constant(x), bias).numpy()
+        with batch if same_batch else Batch() as block:
+            got = ops.add(block.constant(x), bias).numpy()
         np.testing.assert_array_equal(got, x + bias.array)
+
+
+def test_what_was_learnt_of_a_dead_weight_is_not_read_by_one_that_takes_its_id() -> None:
+    """What plans learnt is kept by the identities of the weights that keys name; an array that
+    died may give its id to a new one, which the weak references kept with it find out."""
+    import weakref
+    from autobatch import batch as batch_module
+    bias = Parameter(RNG.standard_normal(4).astype(np.float32), name="bias").freeze()
+    x = RNG.standard_normal(4).astype(np.float32)
+    with Batch() as batch:
+        ops.add(batch.constant(x), bias).numpy()
+        binding, arrays = batch.weights_binding()
+        learnt = batch._known_keys()
+        assert len(learnt) > 0 and batch._known_keys() is learnt
+        dead = np.zeros(1)
+        batch_module._KNOWN_BY_BINDING[binding] = ([weakref.ref(dead)], learnt)  # as if ``dead`` had held that id
+        del dead
+        assert batch._known_keys() is not learnt
 
 
 def test_a_block_learns_nothing_of_attributes_gone_whose_id_others_take() -> None:
