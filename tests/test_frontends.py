@@ -482,48 +482,28 @@ def _counting_kinds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("frozen", [True, False])
-def test_a_block_plans_with_what_its_earlier_plans_learnt_only_while_its_weights_are_frozen(
-        monkeypatch: pytest.MonkeyPatch, frozen: bool) -> None:
-    """Lockstep rounds plan one after another in one block: with every weight read-only, a
-    record key seen by an earlier plan is not worked out again; with a weight that may change
-    in place, every plan works out its own (``test_weights_changed_in_place...`` shows why)."""
+@pytest.mark.parametrize("same_batch", [True, False])
+def test_a_plan_uses_what_earlier_plans_learnt_only_while_the_weights_are_frozen(
+        monkeypatch: pytest.MonkeyPatch, frozen: bool, same_batch: bool) -> None:
+    """Plans one after another, of a block entered again or of a ``Batch`` each (minibatch
+    after minibatch): with every weight read-only, a record key seen by an earlier plan over those weights is not
+    worked out again (``Batch._known_keys``); with a weight that may change in place, every
+    plan works out its own (``test_weights_changed_in_place...`` shows why)."""
     weight = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
     bias = Parameter(RNG.standard_normal(4).astype(np.float32))
     if frozen:
         weight.freeze(), bias.freeze()
     worked_out = _counting_kinds(monkeypatch)
     xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
-    with Batch() as batch:
-        rounds = []
-        for _ in range(2):
-            before = worked_out[0]
-            got = [ops.tanh(ops.add(ops.matmul(batch.constant(x), weight), bias)).numpy() for x in xs]
-            rounds.append(worked_out[0] - before)
-    np.testing.assert_allclose(got, np.tanh(np.array(xs) @ weight.array + bias.array), rtol=1e-5, atol=1e-6)
-    assert rounds[0] > 0
-    assert rounds[1] == (0 if frozen else rounds[0])
-
-
-@pytest.mark.parametrize("frozen", [True, False])
-def test_a_new_block_plans_with_what_earlier_blocks_learnt_only_of_the_same_frozen_weights(
-        monkeypatch: pytest.MonkeyPatch, frozen: bool) -> None:
-    """Minibatch after minibatch, each a ``Batch`` of its own over the same read-only weights:
-    the second works out none of the keys the first did (``Batch._known_keys``)."""
-    weight = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
-    bias = Parameter(RNG.standard_normal(4).astype(np.float32))
-    if frozen:
-        weight.freeze(), bias.freeze()
-    worked_out = _counting_kinds(monkeypatch)
-    xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
-    blocks = []
+    rounds, batch = [], Batch()
     for _ in range(2):
         before = worked_out[0]
-        with Batch() as batch:
-            got = [ops.tanh(ops.add(ops.matmul(batch.constant(x), weight), bias)).numpy() for x in xs]
-        blocks.append(worked_out[0] - before)
+        with batch if same_batch else Batch() as block:
+            got = [ops.tanh(ops.add(ops.matmul(block.constant(x), weight), bias)).numpy() for x in xs]
+        rounds.append(worked_out[0] - before)
         np.testing.assert_allclose(got, np.tanh(np.array(xs) @ weight.array + bias.array), rtol=1e-5, atol=1e-6)
-    assert blocks[0] > 0
-    assert blocks[1] == (0 if frozen else blocks[0])
+    assert rounds[0] > 0
+    assert rounds[1] == (0 if frozen else rounds[0])
 
 
 @pytest.mark.parametrize("same_batch", [True, False])
