@@ -388,7 +388,7 @@ def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, d
     dirs, hidden, attrs = layer
     batch, n = t.batch, t.shape[0]
     sequence = batch.record_one("Unsqueeze", [t, batch.shared_constant([1])], (n, 1, t.shape[1]), t.dtype)
-    y, last = batch.record(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2, attrs)
+    y, last = batch.record_outputs(op, [sequence, w, r, *b], [(n, dirs, 1, hidden), (dirs, 1, hidden)], [t.dtype] * 2, attrs)
     y = batch.record_one("Flatten", [y], (n, dirs * hidden), t.dtype, _FROM_AXIS_1)
     last = batch.record_one("Reshape", [last, batch.shared_constant([dirs * hidden])], (dirs * hidden,), t.dtype)
     return y, last
