@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <string.h>
 
 /* ------------------------------------------------------------------ configured from Python */
 static PyObject *tensor_class;      /* frontends.tensors.Tensor (a subclass of TensorBase) */
@@ -780,6 +781,34 @@ static int ops_configured(void) {
     return 0;
 }
 
+/* folds.fold_children(matrix): a tree's children (``[n, 2]`` int64, C order) checked once a traced
+   tree: (the first node whose children are neither LEAF (-1) twice nor two indices of earlier
+   nodes, -1 where none; the number of leaves before it). */
+static PyObject *fold_children(PyObject *module, PyObject *matrix) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(matrix, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (view.ndim != 2 || view.shape[1] != 2 || view.itemsize != 8 || view.format == NULL ||
+        (strcmp(view.format, "l") != 0 && strcmp(view.format, "q") != 0)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "fold_children: the children must be a C-ordered int64 array [n, 2]");
+        return NULL;
+    }
+    const long long *pairs = (const long long *)view.buf;
+    Py_ssize_t nodes = view.shape[0], first_bad = -1, leaves = 0;
+    for (Py_ssize_t k = 0; k < nodes; k++) {
+        long long left = pairs[2 * k], right = pairs[2 * k + 1];
+        if (left == -1 && right == -1)
+            leaves++;
+        else if (left < 0 || right < 0 || left >= k || right >= k) {
+            first_bad = k;
+            break;
+        }
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nn", first_bad, leaves);
+}
+
 /* ops._tensors(op_type, *values): operands as tensors of one batch (the Python function beyond
    the common case). */
 static PyObject *operands(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -1089,6 +1118,8 @@ static PyMethodDef module_methods[] = {
      "lookup(table, i): ops.lookup's known row of a parameter in C."},
     {"elementwise", (PyCFunction)(void (*)(void))elementwise, METH_FASTCALL,
      "elementwise(op_type, *operands): ops._elementwise's common case in C."},
+    {"fold_children", fold_children, METH_O,
+     "fold_children(matrix): (the first node of a tree's children [n, 2] int64 that is wrong, -1 where none; leaves)."},
     {"operands", (PyCFunction)(void (*)(void))operands, METH_FASTCALL,
      "operands(op_type, *values): ops._tensors' common case in C."},
     {NULL},

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from autobatch.ir.records import FOLD_DOMAIN, FOLD_TREE, LEAF
+from autobatch.frontends import recorder
 from autobatch.frontends.cells import CELL_DOMAIN, Cell
 from autobatch.frontends.ops import _tensors
 from autobatch.frontends.tensors import PreparedCall, Tensor, TraceError, attributes
@@ -77,15 +78,25 @@ def _children_matrix(children: Sequence[tuple[int, int] | None] | np.ndarray, ro
     except (ValueError, TypeError):
         raise TraceError(f"{FOLD_TREE}: children must be None or two node indices each (or an int array [n, 2], "
                          f"{LEAF} for a leaf), got {list(children)[:8]!r}") from None
-    left, right = matrix[:, 0], matrix[:, 1]
-    leaf = left == LEAF
-    # (a few whole-array passes: this runs once a traced tree)
-    ok = np.where(leaf, right == LEAF, (np.minimum(left, right) >= 0) & (np.maximum(left, right) < np.arange(len(matrix))))
-    if not ok.all():
-        k = int(np.argmin(ok))
-        raise TraceError(f"{FOLD_TREE}: node {k}'s children must be two indices of earlier nodes, got "
-                         f"{tuple(matrix[k].tolist())}")
-    leaves = int(np.count_nonzero(leaf))
+    bad, leaves = _fold_children(np.ascontiguousarray(matrix))
+    if bad >= 0:
+        raise TraceError(f"{FOLD_TREE}: node {bad}'s children must be two indices of earlier nodes, got "
+                         f"{tuple(matrix[bad].tolist())}")
     if leaves != rows:
         raise TraceError(f"{FOLD_TREE}: {leaves} leaves in the tree, {rows} rows of leaf inputs")
     return matrix
+
+
+def fold_children(matrix: np.ndarray) -> tuple[int, int]:
+    """A tree's children ``[n, 2]`` (int64, C order) checked: (the first node whose children are
+    neither ``LEAF`` twice nor two indices of earlier nodes, -1 where none; the number of leaves
+    before it). ``_recorder.fold_children``'s twin."""
+    left, right = matrix[:, 0], matrix[:, 1]
+    leaf = (left == LEAF) & (right == LEAF)
+    ok = leaf | ((np.minimum(left, right) >= 0) & (np.maximum(left, right) < np.arange(len(matrix))))
+    bad = -1 if ok.all() else int(np.argmin(ok))
+    return bad, int(np.count_nonzero(leaf[:bad] if bad >= 0 else leaf))
+
+
+# The check runs once a traced tree: in C where built (5.7 us a tree of 39 nodes in NumPy).
+_fold_children = recorder.compiled.fold_children if recorder.compiled else fold_children

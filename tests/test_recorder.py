@@ -94,6 +94,34 @@ def test_tracing_keeps_no_references_once_a_batch_is_dropped():
 
 
 @COMPILED_ONLY
+def test_compiled_and_python_check_a_folds_children_alike():
+    """``_recorder.fold_children`` and its twin ``folds.fold_children`` find the same first wrong
+    node (children not LEAF twice nor two earlier nodes: a later one, itself, one negative, a
+    LEAF beside a node) and count the same leaves, over random trees with and without faults."""
+    from autobatch.frontends.folds import fold_children
+    from autobatch.ir.records import LEAF
+    rng = np.random.default_rng(5)
+    faults = 0
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        matrix = np.full((n, 2), LEAF, np.int64)
+        for k in range(1, n):
+            if rng.random() < 0.5:
+                matrix[k] = rng.integers(0, k, size=2)
+        if trial % 2:
+            k = int(rng.integers(0, n))
+            matrix[k, int(rng.integers(0, 2))] = rng.choice([k, k + 1 + int(rng.integers(0, 3)), -2, LEAF])
+        got = recorder.compiled.fold_children(matrix)
+        assert got == fold_children(matrix), (trial, matrix.tolist())
+        faults += got[0] >= 0
+    assert faults > 50
+    with pytest.raises(TypeError, match="int64 array"):
+        recorder.compiled.fold_children(np.zeros((3, 2), np.int32))
+    with pytest.raises(TypeError, match="int64 array"):
+        recorder.compiled.fold_children(np.zeros((3, 3), np.int64))
+
+
+@COMPILED_ONLY
 def test_the_compiled_recorder_refuses_what_is_not_a_tensor():
     with Tracer() as tracer:
         x = tracer.constant(np.ones(2, np.float32))
