@@ -40,7 +40,7 @@ TRACED_SNAPSHOTS = WeightSnapshots()
 # lockstep round, names the same weights and need not learn its keys again (the char tagger
 # met 305 keys a minibatch, 3-4 ms of 48). Each entry holds weak references to the arrays it
 # identifies, so a dead one's id taken by a new array is found out.
-BINDINGS_KEPT = 16
+BINDINGS_KEPT = 8  # each keeps up to KEYS_KEPT keys: tens of MB at worst
 _KNOWN_BY_BINDING: Recent = Recent(BINDINGS_KEPT)
 
 

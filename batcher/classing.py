@@ -213,7 +213,8 @@ class Classing:
             found = padding(list(classes.values()), self.opsets.get("", 1), self.weights)
             if isinstance(found, Refusal):
                 record = next(iter(classes.values()))
-                rows = self.known[record.key][4] or "rows of different shapes"
+                known = self.known.get(record.key)  # gone where the plan met more keys than are kept
+                rows = (known[4] if known is not None else "") or "rows of different shapes"
                 self.by_shape[f"{record.op_type}: not ragged ({rows}); not padded ({found.reason})"] += 1
             else:
                 padded[key] = len(self.classes)

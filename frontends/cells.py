@@ -27,6 +27,7 @@ from autobatch.frontends.tracing import OPSET, Tracer
 CELL_DOMAIN = "autobatch.cells"
 _cell_ids = itertools.count()
 SIGNATURES_KEPT = 256  # traced functions a cell keeps, most recently used first (shapes may keep changing)
+PREPARED_KEPT = 256  # prepared calls a cell keeps for the batches to come (``Cell._prepare``)
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Cell(CellBase):  # type: ignore[misc,valid-type]
         self.name = f"{name or fn.__name__}_{next(_cell_ids)}"
         self._traced: Recent = Recent(SIGNATURES_KEPT)  # (shape, dtype) of each argument -> TracedCell
         self._trace_ids = itertools.count()  # never reused: a function's name stays its own after an eviction
+        # Its prepared calls by function and entries, shared by batches: a prepared call is its
+        # calls' record key, by identity, so what plans learnt of it serves the next batch over
+        # the same weights (``Batch._known_keys``) rather than piling up an entry a batch.
+        self._prepared: Recent = Recent(PREPARED_KEPT)
         self._returns_tuple: bool | None = None
 
     def _traced_call(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
@@ -91,8 +96,13 @@ class Cell(CellBase):  # type: ignore[misc,valid-type]
             batch.functions.update(traced.nested)
             batch.functions[(CELL_DOMAIN, name)] = traced.function
             parameters = batch.cell_parameters[name] = [batch.parameter(p).name for p in traced.parameters]
-        return PreparedCall(name, CELL_DOMAIN, parameters, entries + tuple(parameters), traced.shapes, traced.dtypes,
-                            traced.types, not is_nondeterministic(name, CELL_DOMAIN, batch.functions))
+        key = (name, entries + tuple(parameters))  # the rest follows from the function (its name is its own)
+        call = self._prepared.get(key)
+        if call is None:
+            repeatable = not is_nondeterministic(name, CELL_DOMAIN, batch.functions)
+            call = self._prepared[key] = PreparedCall(name, CELL_DOMAIN, parameters, key[1], traced.shapes,
+                                                      traced.dtypes, traced.types, repeatable)
+        return call
 
     def traced_signatures(self) -> int:
         return len(self._traced)

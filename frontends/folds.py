@@ -78,7 +78,7 @@ def _children_matrix(children: Sequence[tuple[int, int] | None] | np.ndarray, ro
     except (ValueError, TypeError):
         raise TraceError(f"{FOLD_TREE}: children must be None or two node indices each (or an int array [n, 2], "
                          f"{LEAF} for a leaf), got {list(children)[:8]!r}") from None
-    bad, leaves = _fold_children(np.ascontiguousarray(matrix))
+    bad, leaves = _fold_children(np.require(matrix, np.int64, "CA"))  # C order, aligned: as the C reads it
     if bad >= 0:
         raise TraceError(f"{FOLD_TREE}: node {bad}'s children must be two indices of earlier nodes, got "
                          f"{tuple(matrix[bad].tolist())}")

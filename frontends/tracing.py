@@ -149,7 +149,7 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
         if tensor is not None:
             return tensor
         array = np.asarray(value, dtype=dtype)
-        key = (array.dtype.str, array.shape, array.tobytes())
+        key = (array.dtype, array.shape, array.tobytes())  # the dtype whole: float8 kinds share a ``str``
         tensor = self._shared.get(key)
         if tensor is None:
             name = f"k{len(self._shared)}"

@@ -117,6 +117,24 @@ def test_bad_trees_are_refused_by_name(children, words):
             fold_tree(leaf, node, batch.constant(np.zeros((2, D), np.float32)), children)
 
 
+@pytest.mark.parametrize("layout", ["unaligned", "strided", "big-endian", "int32"])
+def test_children_arrays_of_any_layout_are_taken(layout):
+    """Children as an int array need not be what the C check reads (aligned, C-ordered, native
+    int64): the fold copies them into that first, and its states equal those of the list."""
+    leaf, node = cells()
+    pairs = np.array([[LEAF, LEAF], [LEAF, LEAF], [0, 1]], dtype=np.int64)
+    children = {"unaligned": lambda: np.frombuffer(b"\0" + pairs.tobytes(), np.int64, offset=1).reshape(3, 2),
+                "strided": lambda: np.repeat(pairs, 2, axis=1)[:, ::2],
+                "big-endian": lambda: pairs.astype(">i8"),
+                "int32": lambda: pairs.astype(np.int32)}[layout]()
+    leaves = np.random.default_rng(2).standard_normal((2, D)).astype(np.float32)
+    with Batch() as batch:
+        got = fold_tree(leaf, node, batch.constant(leaves), children)
+        want = fold_tree(leaf, node, batch.constant(leaves), [None, None, (0, 1)])
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_cells_whose_states_disagree_are_refused():
     leaf, _ = cells()
 

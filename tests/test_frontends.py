@@ -483,23 +483,27 @@ def _counting_kinds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("frozen", [True, False])
 @pytest.mark.parametrize("same_batch", [True, False])
+@pytest.mark.parametrize("as_cell", [False, True])
 def test_a_plan_uses_what_earlier_plans_learnt_only_while_the_weights_are_frozen(
-        monkeypatch: pytest.MonkeyPatch, frozen: bool, same_batch: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, frozen: bool, same_batch: bool, as_cell: bool) -> None:
     """Plans one after another, of a block entered again or of a ``Batch`` each (minibatch
-    after minibatch): with every weight read-only, a record key seen by an earlier plan over those weights is not
-    worked out again (``Batch._known_keys``); with a weight that may change in place, every
-    plan works out its own (``test_weights_changed_in_place...`` shows why)."""
+    after minibatch), op by op or a cell call each: with every weight read-only, a record key
+    seen by an earlier plan over those weights is not worked out again (``Batch._known_keys``;
+    a cell call's key is its prepared call, shared by batches); with a weight that may change in
+    place, every plan works out its own (``test_weights_changed_in_place...`` shows why)."""
     weight = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
     bias = Parameter(RNG.standard_normal(4).astype(np.float32))
     if frozen:
         weight.freeze(), bias.freeze()
     worked_out = _counting_kinds(monkeypatch)
     xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
+    layer = (lambda x: ops.tanh(ops.add(ops.matmul(x, weight), bias)))
+    layer = cell(layer) if as_cell else layer
     rounds, batch = [], Batch()
     for _ in range(2):
         before = worked_out[0]
         with batch if same_batch else Batch() as block:
-            got = [ops.tanh(ops.add(ops.matmul(block.constant(x), weight), bias)).numpy() for x in xs]
+            got = [layer(block.constant(x)).numpy() for x in xs]
         rounds.append(worked_out[0] - before)
         np.testing.assert_allclose(got, np.tanh(np.array(xs) @ weight.array + bias.array), rtol=1e-5, atol=1e-6)
     assert rounds[0] > 0
@@ -518,6 +522,44 @@ def test_a_block_does_not_read_what_was_learnt_of_another_weight_of_that_name(sa
         with batch if same_batch else Batch() as block:
             got = ops.add(block.constant(x), bias).numpy()
         np.testing.assert_array_equal(got, x + bias.array)
+
+
+def test_new_batches_over_new_weights_of_one_name_read_their_own_values() -> None:
+    """Fifty biases, each made, frozen, read by a batch of its own and dropped: CPython gives
+    new arrays the ids of dead ones, and what was learnt of a dead one's key (a template that
+    holds its values) must not serve the next (``Batch._known_keys``' weak references)."""
+    x = RNG.standard_normal(4).astype(np.float32)
+    ids = set()
+    for k in range(50):
+        bias = Parameter(np.full(4, float(k), np.float32), name="bias").freeze()
+        ids.add(id(bias.array))
+        with Batch() as batch:
+            got = ops.add(batch.constant(x), bias).numpy()
+        np.testing.assert_array_equal(got, x + k, err_msg=f"bias {k}")
+        del bias
+    assert len(ids) < 50  # ids were taken again: the case is met
+
+
+def test_new_batches_read_their_own_shared_constants() -> None:
+    """A shared constant is named by its order in the batch (``k0``): two batches reshaping to
+    other shapes name other values ``k0``; and two float8 kinds whose dtypes print alike
+    (``<V1``) over the same bytes are other values."""
+    import ml_dtypes
+    from onnx import TensorProto
+    from autobatch.frontends.tensors import attributes
+    x = np.arange(4, dtype=np.float32)
+    for target in ((2, 2), (4, 1)):
+        with Batch() as batch:
+            got = ops.tanh(ops.reshape(batch.constant(x), target)).numpy()
+        np.testing.assert_allclose(got, np.tanh(x.reshape(target)), rtol=1e-6)
+    to_float = attributes(to=TensorProto.FLOAT)
+    for kind in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz):
+        bits = np.frombuffer(b"\x40\x38", dtype=kind)
+        with Batch() as batch:
+            value = batch.record("Cast", [batch.shared_constant(bits, dtype=kind)], [(2,)], [np.dtype(np.float32)],
+                                 to_float)[0]
+            got = ops.add(value, batch.constant(np.zeros(2, np.float32))).numpy()
+        np.testing.assert_array_equal(got, bits.astype(np.float32), err_msg=np.dtype(kind).name)
 
 
 def test_what_was_learnt_of_a_dead_weight_is_not_read_by_one_that_takes_its_id() -> None:

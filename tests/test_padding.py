@@ -114,6 +114,21 @@ def test_concat_along_a_padded_axis_is_not_padded(backend):
     assert "1 nodes of the model ran a class per shape (1 x Concat: not ragged" in str(session.stats.report)
 
 
+def test_a_plan_meeting_more_keys_than_its_session_keeps_still_says_why(backend):
+    """What a session learnt of record keys is bounded (``KEYS_KEPT``): a plan meeting more
+    forgets the first ones before it says why a node ran a class per shape, and still runs."""
+    model = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, L, 2] x) => (float[1, M, 2] y) {
+        s = Sigmoid(x)
+        y = Concat<axis = -2>(s, x) }""")
+    session = InferenceSession(model, backend=backend, node_level=False)
+    session._known_records.size = 1
+    rng = np.random.default_rng(5)
+    assert_batched_equals_alone(session, [{"x": rng.standard_normal((1, n, 2)).astype(np.float32)} for n in (2, 3, 5)])
+    assert list(session.stats.report.by_shape) == [
+        "Concat: not ragged (rows of different shapes); not padded (operands joined along an axis that members pad)"]
+
+
 def _masked(mask: str) -> onnx.ModelProto:
     """Attention whose scores ``s [1, L, L]`` get a mask computed from their shape alone, which
     the session folds into a constant of each length's own."""
