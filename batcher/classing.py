@@ -11,7 +11,7 @@ import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from autobatch.batcher.folds import Fold
-from autobatch.batcher.layout import PER_SIZE, ROW_BITS, as_text, node_of, reshape_template, stackable
+from autobatch.batcher.layout import PER_SIZE, ROW_BITS, as_text, node_of, reshape_template, stackable, stacked_row
 from autobatch.batcher.node_rules import MIN_STACKING_OPSET, RANDOM
 from autobatch.batcher.padding import padding
 from autobatch.batcher.plan import Kind, RowReduction, Template
@@ -29,6 +29,7 @@ from autobatch.ir.records import Record
 BAKED_SIZE = 64
 SUM_OF_TERMS = "sum of terms"
 _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged classes are merged
+STACKED_ROWS = "stacked rows"  # in the signature of ``ops.stack``'s Concats, for their number of rows
 
 
 def classes_of(records: Sequence[Record], class_of: dict[Hashable, int], make: Callable[[Record], int],
@@ -102,6 +103,9 @@ class Classing:
             # member's (its terms counted) would not hold for the others.
             return signature, None, None, [], ""
         attributes = self._attributes_key(record.attributes)
+        row = stacked_row(record) if record.op_type == "Concat" else None
+        if row is not None:  # ``ops.stack``'s: one class whatever the number of rows (``Layout._stacked_rows``)
+            return (record.domain, record.op_type, attributes, STACKED_ROWS, row), self._own_template(record), None, [], ""
         signature = (record.domain, record.op_type, attributes, record.entries, tuple(map(bool, record.outputs)))
         length_free = _length_free_key(record, attributes)
         rows = self.rows_of_kinds.get(length_free) if length_free is not None else None

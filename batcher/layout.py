@@ -43,6 +43,15 @@ class Layout:
             stacked = self._stacked_rows(members)
             if stacked is not None:
                 return [stacked]
+            counts = {len(member.inputs) for member in members}
+            if len(counts) > 1:  # a class of stacks of several numbers of rows (``stacked_row``): each its own
+                groups = [[m for m in members if len(m.inputs) == count] for count in sorted(counts)]
+                return [step for group in groups for step in self._steps_of(group, self._own_template(group[0]))]
+        return self._steps_of(members, template)
+
+    def _steps_of(self, members: list[Record], template: Template | Fold | Padding | RowReduction | str | None
+                  ) -> list[Step]:
+        """``steps`` by the members' template (None: a sum of terms)."""
         if isinstance(template, Fold):
             return [self._fold_step(members)]
         if isinstance(template, Padding):
@@ -107,18 +116,16 @@ class Layout:
 
     def _stacked_rows(self, members: list[Record]) -> Step | None:
         """A Concat along axis 0 of rows ``[1, *row]`` (``ops.stack``'s): every member's rows read
-        at once, in order, and kept as a block; no launch (a Concat launch a length, each
-        reading its rows position by position, copied the same rows). None where it is not so."""
+        at once, in order, and kept as a block, whatever their number; no launch (a Concat
+        launch a number of rows, each reading its rows position by position, copied the same
+        rows). None where it is not so."""
         first = members[0]
-        axis, row = first.attributes.get("axis"), first.entries[0]
-        if axis is None or len(first.outputs) != 1 or not first.outputs[0] or first.types[0] is None \
-                or not isinstance(row, ValueType) \
-                or not stackable(row) or row.shape[:1] != (1,) or any(entry != row for entry in first.entries) \
-                or attribute_value(axis) not in (0, -len(row.shape)):
+        row = stacked_row(first)
+        if row is None:
             return None
         names = [name for member in members for name in member.inputs]
         # (Every member's rows alike: a class padded across shapes holds members of others.)
-        if not self.loose.isdisjoint(names) or any(member.entries != first.entries for member in members):
+        if not self.loose.isdisjoint(names) or any(m.entries.count(row) != len(m.entries) for m in members):
             return None
         template = reshape_template(self.cache, row.elem_type, 0, tuple(row.shape), (0, tuple(row.shape[1:])),
                                     self.opsets)
@@ -360,6 +367,21 @@ class Locations(dict):
     def __missing__(self, name: str) -> int:
         location = self[name] = self.place()(name)
         return location
+
+
+def stacked_row(record: Record) -> ValueType | None:
+    """The row ``[1, *row]`` of a Concat along axis 0 whose every operand is one such row
+    (``ops.stack``'s), else None: such Concats are one signature class whatever their number of
+    rows (``Classing._kind``), run as one step (``Layout._stacked_rows``)."""
+    axis = record.attributes.get("axis")
+    if record.op_type != "Concat" or record.domain or axis is None or len(record.outputs) != 1 \
+            or not record.outputs[0] or record.types[0] is None or not record.entries:
+        return None
+    row = record.entries[0]
+    if not isinstance(row, ValueType) or not stackable(row) or row.shape[:1] != (1,) \
+            or record.entries.count(row) != len(record.entries) or attribute_value(axis) not in (0, -len(row.shape)):
+        return None
+    return row
 
 
 def _place(location: int) -> tuple[int, int]:

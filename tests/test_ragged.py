@@ -335,8 +335,8 @@ def test_rows_picked_by_known_indices_from_a_block_are_read_where_they_lie(backe
 @pytest.mark.parametrize("whole_plan", [False, True])
 def test_rows_stacked_into_values_of_different_lengths_are_read_once_into_a_block(backend, whole_plan):
     """``ops.stack`` of rows (a Concat of ``[1, d]`` values along axis 0; the char tagger stacks
-    its word vectors so): each length's members read their rows at once into a block, no
-    Concat launch; rows made by a step, literals and rows picked from a block alike. A Concat
+    its word vectors so): the members of every length read their rows at once into one block,
+    no Concat launch; rows made by a step, literals and rows picked from a block alike. A Concat
     of wider values, or one reading a weight, still runs as a Concat."""
     if whole_plan and backend != "onnxruntime":
         pytest.skip("a whole plan is an onnxruntime session")
@@ -364,9 +364,25 @@ def test_rows_stacked_into_values_of_different_lengths_are_read_once_into_a_bloc
         np.testing.assert_allclose(values[3 * k + j], np.concatenate([np.tanh(x)] * 2), rtol=1e-6)
         np.testing.assert_allclose(values[4 * k + j], np.concatenate([np.tanh(x)[:1], weight.array]), rtol=1e-6)
     steps = Counter(step.template.graph.name for step in batch.last_plan.steps if step.template is not None)
-    # Rows stacked: a step a length (3, 5, 1, 2), the literals' too, no Concat run. Concats run:
-    # the wide ones (lengths 3, 5 and 2; length 1's are rows) and the one reading a weight.
-    assert steps["reshape_rows"] == 4 and steps["template_Concat"] == 4, steps
+    # Rows stacked: one step for every length (3, 5, 1, 2), the literals' and the single rows'
+    # too, no Concat run. Concats run: the wide ones (lengths 3, 5 and 2; length 1's are rows)
+    # and the one reading a weight.
+    assert steps["reshape_rows"] == 1 and steps["template_Concat"] == 4, steps
+
+
+def test_stacks_of_several_numbers_of_rows_not_read_as_one_run_a_step_a_number(backend, monkeypatch):
+    """Stacks of rows are one class whatever their number of rows; where their rows cannot be
+    read as one run (``Layout._stacked_rows`` says None), the class runs a Concat a number of
+    rows, each equal to its instance alone."""
+    from autobatch.batcher.layout import Layout
+    monkeypatch.setattr(Layout, "_stacked_rows", lambda self, members: None)
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in (3, 5, 1, 3)]
+    with Batch(backend=backend) as batch:
+        values = batch.run([ops.stack([ops.tanh(batch.constant(row)) for row in x]) for x in xs])
+    for x, value in zip(xs, values):
+        np.testing.assert_allclose(value, np.tanh(x), rtol=1e-6)
+    assert batch.last_plan.report.launches_by_op["Concat"] == 3
 
 
 def test_a_models_rows_picked_by_constant_indices_cost_no_launch(backend):
