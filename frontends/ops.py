@@ -219,7 +219,9 @@ def stack(xs: Sequence[Operand]) -> Tensor:
         raise TraceError(f"stack: shapes {[t.shape for t in inputs]} differ")
     batch = inputs[0].batch
     axis_0 = batch.shared_constant([0])
-    rows = [batch.record_one("Unsqueeze", [t, axis_0], (1, *t.shape), t.dtype) for t in inputs]
+    # (a known value of one instance, a word's row looked up by a Python int, is a known row)
+    rows = [batch.record_one("Unsqueeze", [t, axis_0], (1, *t.shape), t.dtype) if t.value is None or type(t.entry) is str
+            else batch.known_row(t) for t in inputs]
     return concat(rows, axis=0)
 
 

@@ -139,6 +139,16 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
             tensor = self._scalars[key] = self.constant(np.zeros(shape, dtype))
         return tensor
 
+    def known_row(self, tensor: Tensor) -> Tensor:
+        """A known value of one instance as a row ``[1, *shape]``: known too, a view, where a
+        traced Unsqueeze would be a record to plan and a step to run (``ops.stack`` of a
+        sentence's word rows); one tensor a value."""
+        key = ("row of", tensor.name)
+        row = self._scalars.get(key)
+        if row is None:
+            row = self._scalars[key] = self.constant(tensor.value[None], tensor.dtype)
+        return row
+
     def shared_constant(self, value: Any, dtype: Any = np.int64) -> Tensor:
         """A constant every instance reads as the same value (axes, shapes, slice bounds):
         one value, so that nodes using it keep equal signatures; one tensor."""

@@ -370,6 +370,29 @@ def test_rows_stacked_into_values_of_different_lengths_are_read_once_into_a_bloc
     assert steps["reshape_rows"] == 1 and steps["template_Concat"] == 4, steps
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_known_values_stacked_are_known_rows_not_traced_ops(backend, dtype):
+    """``ops.stack`` of values known when traced (rows of a parameter looked up by a Python int,
+    values computed by an earlier run, literals) beside pending ones: a known one is a known
+    row of its own dtype, no Unsqueeze to plan, and the stack equals NumPy's."""
+    rng = np.random.default_rng(13)
+    table = Parameter((rng.standard_normal((6, 4)) * 10).astype(dtype))
+    with Batch(backend=backend) as batch:
+        computed = ops.add(batch.constant(np.ones(4, dtype), dtype), ops.lookup(table, 0))
+        computed.numpy()  # known from here on
+        parts = [[ops.lookup(table, 1), ops.add(ops.lookup(table, 2), ops.lookup(table, 3)), computed, batch.constant(table.array[4], dtype)],
+                 [ops.lookup(table, 1)]]
+        stacked = [ops.stack(p) for p in parts]
+        records = [r.op_type for r in batch._records]
+        values = batch.run(stacked)
+    want = [np.stack([table.array[1], table.array[2] + table.array[3], table.array[0] + 1, table.array[4]]),
+            table.array[1:2]]
+    for got, expected in zip(values, want):
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, expected)
+    assert records.count("Unsqueeze") == 1, records  # the pending sum's only
+
+
 def test_stacks_of_several_numbers_of_rows_not_read_as_one_run_a_step_a_number(backend, monkeypatch):
     """Stacks of rows are one class whatever their number of rows; where their rows cannot be
     read as one run (``Layout._stacked_rows`` says None), the class runs a Concat a number of
