@@ -43,9 +43,11 @@ class Layout:
             stacked = self._stacked_rows(members)
             if stacked is not None:
                 return [stacked]
-            counts = {len(member.inputs) for member in members}
-            if len(counts) > 1:  # a class of stacks of several numbers of rows (``stacked_row``): each its own
-                groups = [[m for m in members if len(m.inputs) == count] for count in sorted(counts)]
+            if not isinstance(template, Padding) and stacked_row(members[0]) is not None:
+                # a class of stacks of any number of rows, whose template is its first member's:
+                # each number of rows with its own
+                counts = sorted({len(member.inputs) for member in members})
+                groups = [[m for m in members if len(m.inputs) == count] for count in counts]
                 return [step for group in groups for step in self._steps_of(group, self._own_template(group[0]))]
         return self._steps_of(members, template)
 

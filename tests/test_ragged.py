@@ -402,10 +402,14 @@ def test_stacks_of_several_numbers_of_rows_not_read_as_one_run_a_step_a_number(b
     rng = np.random.default_rng(12)
     xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in (3, 5, 1, 3)]
     with Batch(backend=backend) as batch:
-        values = batch.run([ops.stack([ops.tanh(batch.constant(row)) for row in x]) for x in xs])
+        stacks = [ops.stack([ops.tanh(batch.constant(row)) for row in x]) for x in xs]
+        # a later group of the class holds one number of rows, not its first member's
+        later = ops.stack([ops.index(ops.tanh(stacks[0]), k) for k in (0, 1, 2, 0, 1)])
+        values = batch.run([*stacks, later])
     for x, value in zip(xs, values):
         np.testing.assert_allclose(value, np.tanh(x), rtol=1e-6)
-    assert batch.last_plan.report.launches_by_op["Concat"] == 3
+    np.testing.assert_allclose(values[-1], np.tanh(np.tanh(xs[0]))[[0, 1, 2, 0, 1]], rtol=1e-6)
+    assert batch.last_plan.report.launches_by_op["Concat"] == 4
 
 
 def test_a_models_rows_picked_by_constant_indices_cost_no_launch(backend):
