@@ -113,7 +113,10 @@ class _Lowering(StepKinds):
         return self.axes("Unsqueeze", tensor, 0)
 
     def reshaped(self, tensor: str, shape: Sequence[int]) -> str:
-        return self.node("Reshape", [tensor, self.constant(np.array(shape, np.int64))])[0]
+        # A 0 in Reshape's shape copies the input's size there unless ``allowzero`` (opset 14):
+        # here a 0 is a size of 0 (rows of no elements), which an explicit shape may say.
+        zeros = {"allowzero": 1} if 0 in shape and -1 not in shape and self.opset >= 14 else {}
+        return self.node("Reshape", [tensor, self.constant(np.array(shape, np.int64))], **zeros)[0]
 
     def rows_of(self, tensor: str, indices: list[int]) -> str:
         """Rows ``indices`` of ``tensor``."""
@@ -182,7 +185,8 @@ class _Lowering(StepKinds):
             return self.read(arena, rows.rows)
         if type(rows) is Runs:
             block = self.read(arena, rows.rows)
-            return self.batched(self.reshaped(block, [-1, *rows.shape]), self.lengths[block] // rows.length)
+            values = self.lengths[block] // rows.length
+            return self.batched(self.reshaped(block, [values, *rows.shape]), values)
         if type(rows) is Shaped:
             return self.reshaped(self.read(arena, rows.rows), list(rows.shape))
         if type(rows) is Padded:  # in one session a launch a length costs less than padding

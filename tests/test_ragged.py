@@ -393,6 +393,19 @@ def test_known_values_stacked_are_known_rows_not_traced_ops(backend, dtype):
     assert records.count("Unsqueeze") == 1, records  # the pending sum's only
 
 
+@pytest.mark.parametrize("whole_plan", [False, True])
+def test_rows_of_no_elements_stack_and_reduce(whole_plan):
+    """Stacks of rows of width 0 (and a sum over them), step by step and as one onnxruntime
+    session: the whole plan's Reshape to ``[rows, 0]`` took its 0 as "copy the input's size"
+    and failed (``allowzero``)."""
+    with Batch(backend="onnxruntime", whole_plan=whole_plan) as batch:
+        stacks = [ops.stack([ops.tanh(batch.constant(np.zeros(0, np.float32))) for _ in range(n)]) for n in (2, 3)]
+        sums = [ops.reduce_sum(s, axis=0) for s in stacks]
+        values = batch.run([*stacks, *sums])
+    assert [v.shape for v in values] == [(2, 0), (3, 0), (0,), (0,)]
+    assert ("whole plan run" in batch.reports[-1].execution) == whole_plan
+
+
 def test_stacks_of_several_numbers_of_rows_not_read_as_one_run_a_step_a_number(backend, monkeypatch):
     """Stacks of rows are one class whatever their number of rows; where their rows cannot be
     read as one run (``Layout._stacked_rows`` says None), the class runs a Concat a number of
