@@ -103,7 +103,7 @@ class Classing:
             # member's (its terms counted) would not hold for the others.
             return signature, None, None, [], ""
         attributes = self._attributes_key(record.attributes)
-        row = stacked_row(record) if record.op_type == "Concat" else None
+        row = stacked_row(record)
         if row is not None:  # ``ops.stack``'s: one class whatever the number of rows (``Layout._stacked_rows``)
             return (record.domain, record.op_type, attributes, STACKED_ROWS, row), self._own_template(record), None, [], ""
         signature = (record.domain, record.op_type, attributes, record.entries, tuple(map(bool, record.outputs)))
