@@ -14,6 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.helper import np_dtype_to_tensor_dtype
 
+from autobatch.backends.arena_pool import ArenaPool
 from autobatch.backends.baked_weights import WeightSnapshots
 from autobatch.ir.graph_tidy import drop_unread
 from autobatch.backends.lowering import lower_plan
@@ -35,6 +36,8 @@ log = logging.getLogger("autobatch")
 TRACED_TEMPLATES = TemplateCache()
 # ... and the weights their templates may bake: a weight one minibatch baked, the next reads baked.
 TRACED_SNAPSHOTS = WeightSnapshots()
+# The memory of traced plans' arenas, from one minibatch for the next (``backends.arena_pool``).
+TRACED_ARENAS = ArenaPool()
 # What plans learnt of record keys (``plan_records``' ``known``), by what the weight names in
 # those keys denote (``Tracer.weights_binding``): the next minibatch of a model, or the next
 # lockstep round, names the same weights and need not learn its keys again (the char tagger
@@ -130,8 +133,11 @@ class Batch(Tracer):
             plan.report.execution["whole plan run"] = time.perf_counter() - start
             values = [by_name[t.name] for t in wanted]
         else:
-            arenas = self._executor.run(plan, self._weights, self._literals, plan.report.execution)
+            arenas = self._executor.run(plan, self._weights, self._literals, plan.report.execution, TRACED_ARENAS)
             values = [arenas[plan.locations[t.name]] for t in wanted]
+            # The next run reuses the memory of every arena but those the results are read from
+            # (views: they keep theirs, as they did before arenas were reused).
+            arenas.release(keep={plan.locations[t.name][0] for t in wanted})
         self.reports.append(plan.report)
         self.last_plan = plan
         return values

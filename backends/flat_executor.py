@@ -12,13 +12,14 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Container, Hashable, Mapping
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto, helper, numpy_helper
 
+from autobatch.backends.arena_pool import ArenaPool
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, OrtSettings, declare_ranks_only, new_session, run_session
@@ -144,15 +145,16 @@ class FlatExecutor:
         return runner
 
     def run(self, plan: FlatPlan, weights: Mapping[str, np.ndarray], literals: Mapping[str, Any],
-            seconds: dict[str, float] | None = None) -> Values:
+            seconds: dict[str, float] | None = None, pool: ArenaPool | None = None) -> Values:
         """Every value once every step has run, by its location (``plan.locations`` says where each is).
         ``literals``: the value of every literal the plan names (a plan may serve many runs).
         ``seconds`` receives the time spent in gathers (literals placed, weights checked for
         baking, operands stacked), template runs (kernels, with the backend's own call
-        overhead) and arena writes."""
+        overhead) and arena writes. ``pool``: where the arenas' memory comes from, for a caller
+        that gives back (``Values.release``) the arenas no value it keeps is read from."""
         clock = time.perf_counter
         start = clock()
-        arenas = _arenas(plan)
+        arenas, buffers = _arenas(plan, pool)
         loose = Loose(literals, weights)
         for arena, first, names in plan.literal_runs:
             np.stack([literals[name] for name in names], out=arenas[arena][first:first + len(names)])
@@ -215,7 +217,7 @@ class FlatExecutor:
             scatter += clock() - ran
         if seconds is not None:
             seconds.update(gather=gather, kernels=kernels, scatter=scatter)
-        return Values(arenas, loose)
+        return Values(arenas, loose, pool, buffers)
 
     def _fold(self, plan: FlatPlan, step: Step, leaves: np.ndarray, weights: Mapping[str, np.ndarray],
               baked: list[dict[str, Snapshot]] | None) -> list[np.ndarray]:
@@ -289,9 +291,18 @@ class Values:
     """What a plan's run computed: ``values[location]`` is the value at a plan location (a view
     of an arena's row or rows, or a loose value)."""
 
-    def __init__(self, arenas: list[np.ndarray], loose: Loose) -> None:
+    def __init__(self, arenas: list[np.ndarray], loose: Loose, pool: ArenaPool | None = None,
+                 buffers: dict[int, np.ndarray] | None = None) -> None:
         self.arenas = arenas
         self.loose = loose
+        self._pool, self._buffers = pool, buffers or {}
+
+    def release(self, keep: Container[int] = ()) -> None:
+        """The memory of every arena but those in ``keep`` (whose values the caller holds) back
+        to the pool it came from: reading a value of the plan now raises."""
+        if self._pool is not None:
+            self._pool.give([buffer for arena, buffer in self._buffers.items() if arena not in keep])
+        self.arenas, self._buffers = [], {}
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
         arena, rows = location
@@ -316,21 +327,29 @@ class ArenaTooLarge(NodeExecutionError):
     """The rows a plan needs do not fit in memory."""
 
 
-def _arenas(plan: FlatPlan) -> list[np.ndarray | None]:
-    """Every arena of the plan, allocated (a block stays None until its step gives it)."""
+def _arenas(plan: FlatPlan, pool: ArenaPool | None) -> tuple[list[np.ndarray | None], dict[int, np.ndarray]]:
+    """Every arena of the plan, allocated (a block stays None until its step gives it), and the
+    buffers taken from ``pool`` for them, by arena."""
     arenas: list[np.ndarray | None] = []
+    buffers: dict[int, np.ndarray] = {}
     for k, ((elem_type, shape), rows) in enumerate(zip(plan.kinds, plan.rows)):
-        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
         if k in plan.blocks:
             arenas.append(None)
             continue
+        size = rows * math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around
         try:
-            arenas.append(np.empty((rows, *shape), dtype=dtype))
+            if pool is None or not size:
+                arenas.append(np.empty((rows, *shape), dtype=dtype))
+                continue
+            buffers[k] = pool.take(size)
+            arenas.append(buffers[k][:size].view(dtype).reshape(rows, *shape))
         except (MemoryError, ValueError) as error:  # ValueError: a size past what NumPy can index
-            size = rows * math.prod(shape) * np.dtype(dtype).itemsize
-            raise ArenaTooLarge(f"the plan needs {rows} rows of {np.dtype(dtype)}{list(shape)} ({size / 2**30:.3g} GiB): "
+            if pool is not None:
+                pool.give(list(buffers.values()))
+            raise ArenaTooLarge(f"the plan needs {rows} rows of {dtype}{list(shape)} ({size / 2**30:.3g} GiB): "
                                 f"{type(error).__name__}") from None
-    return arenas
+    return arenas, buffers
 
 
 def _block_array(plan: FlatPlan, write: Block) -> np.ndarray:

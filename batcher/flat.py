@@ -78,7 +78,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
         steps += made
         if made:
             launches_by_op[records[group[0]].op_type] += len(made)
-    locations = {name: planner.where(name) for name in wanted}
+    locations = planner.places(wanted)
     if planner.picked:
         _copy_shared_rows(locations, planner.picked)
     done = time.perf_counter()

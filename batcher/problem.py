@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autobatch.batcher.int_keys import bucket_starts, stable_order
 from autobatch.batcher.signature import Signature, node_signature, shared_values
 from autobatch.ir import Graph, Node
 from autobatch.ir.compiled import compiled
@@ -55,8 +56,8 @@ class Problem:
         readers are ``readers[starts[i]:starts[i + 1]]``."""
         if self._successors is None:
             src, dst = self.edges
-            by_source = np.argsort(src, kind="stable")
-            self._successors = np.searchsorted(src[by_source], np.arange(self.size + 1)), dst[by_source]
+            by_source = stable_order(src, self.size)
+            self._successors = bucket_starts(src, self.size), dst[by_source]
         return self._successors
 
     @property
@@ -226,7 +227,7 @@ def _levels(edges: tuple[np.ndarray, np.ndarray], sig: np.ndarray, n_classes: in
     src, dst = edges
     if SCHEDULING is not None:
         level = np.empty(n, dtype=np.int64)
-        SCHEDULING.levels(np.searchsorted(dst, np.arange(n + 1)), np.ascontiguousarray(src, dtype=np.int64),
+        SCHEDULING.levels(bucket_starts(dst, n), np.ascontiguousarray(src, dtype=np.int64),
                           np.ascontiguousarray(sig, dtype=np.int64), n_classes, backwards, level)
         return level
     best = np.zeros((n, n_classes), dtype=np.int32)

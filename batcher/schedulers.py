@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from autobatch.batcher.int_keys import bucket_starts, distinct_keys, stable_order, unique_keys
 from autobatch.batcher.problem import SCHEDULING, UNBATCHABLE, Problem
 
 Schedule = list[list[int]]
@@ -172,16 +173,17 @@ def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
         return []
     sig = problem.sig
     levels = int(level.max()) + 1
-    key = np.where(sig != UNBATCHABLE, sig * levels + level, (len(problem.classes) + np.arange(n)) * levels)
-    _, group, counts = np.unique(key, return_inverse=True, return_counts=True)
+    classes = len(problem.classes)
+    key = np.where(sig != UNBATCHABLE, sig * levels + level, (classes + np.arange(n)) * levels)
+    _, group, counts = unique_keys(key, (classes + n) * levels if (sig == UNBATCHABLE).any() else classes * levels)
     groups = len(counts)
     src, dst = problem.edges
     # No edge joins two nodes of one launch: along an edge, a class's level (first or last) grows.
-    between = np.unique(group[src] * groups + group[dst])
+    between = distinct_keys(group[src] * groups + group[dst], groups * groups)
     sources, targets = between // groups, (between % groups).tolist()
     waiting = np.bincount(between % groups, minlength=groups).tolist()
-    starts = np.searchsorted(sources, np.arange(groups + 1)).tolist()
-    nodes = np.argsort(group, kind="stable")
+    starts = bucket_starts(sources, groups).tolist()
+    nodes = stable_order(group, groups)
     bounds = np.concatenate(([0], np.cumsum(counts)))
     # Among the launches ready, the one whose nodes start shallowest (then by class and level).
     first_depth = np.minimum.reduceat(problem.depth[nodes], bounds[:-1]).tolist()
@@ -278,8 +280,8 @@ def _compiled_search(problem: Problem, mode: int, limit: int | None = None) -> S
     if mode != _AGENDA:  # (class, level) pairs numbered class by class, levels ascending
         batchable = sig != UNBATCHABLE
         levels = int(problem.level.max(initial=0)) + 1
-        pairs, inverse, code_pending = np.unique(sig[batchable] * levels + problem.level[batchable],
-                                                 return_inverse=True, return_counts=True)
+        pairs, inverse, code_pending = unique_keys(sig[batchable] * levels + problem.level[batchable],
+                                                   len(problem.classes) * levels)
         code = np.full(n, -1, dtype=np.int64)
         code[batchable] = inverse
         code_start = np.searchsorted(pairs // levels, np.arange(len(problem.classes) + 1))

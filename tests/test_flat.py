@@ -817,3 +817,56 @@ def test_a_traced_batch_leaves_no_reference_cycles(form):
         values, batch = batched(lambda batch, x: loss(x, params), instances)
         assert batch.last_plan is not None and values
         del values, batch
+
+
+# ----------------------------------------------------------------------------- arena memory kept between runs
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_keep_their_values_while_later_batches_reuse_the_arenas_memory(
+        backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's arenas go back to the pool (``backends.arena_pool``) but those its results are read
+    from (views), and the next runs write into that memory: a result kept from an earlier batch
+    keeps its values."""
+    rng = np.random.default_rng(7)
+    W = Parameter(rng.standard_normal((8, 8)).astype(np.float32)).freeze()
+    V = Parameter(rng.standard_normal((8, 3)).astype(np.float32)).freeze()
+    from autobatch.backends.arena_pool import ArenaPool
+
+    pool = ArenaPool()
+    monkeypatch.setattr(batch_module, "TRACED_ARENAS", pool)
+    kept, expected = [], []
+    for round_ in range(4):
+        xs = [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(5)]
+        with Batch(backend=backend) as batch:
+            hs = (ops.tanh(ops.matmul(batch.constant(x), W)) for x in xs)  # rows [8], none held: their arena given back
+            ys = [ops.matmul(ops.sigmoid(h) + h, V) for h in hs]  # rows [3]: the results' arena, kept
+            kept += batch.run(ys)
+        assert pool.kept_bytes >= 4 * 8 * 4 * len(xs), "the run gave its arena of [8] rows back"
+        hs_alone = [np.tanh(x @ W.array) for x in xs]
+        expected += [(1 / (1 + np.exp(-h)) + h) @ V.array for h in hs_alone]
+    for got, want in zip(kept, expected):  # later rounds wrote into the memory earlier rounds used
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_arena_pool_reuses_the_best_fit_and_keeps_at_most_its_bytes() -> None:
+    from autobatch.backends.arena_pool import ArenaPool
+
+    pool = ArenaPool(max_bytes=10_000)
+    small, large = pool.take(1000), pool.take(6000)
+    pool.give([small, large])
+    assert pool.kept_bytes == 7000
+    assert pool.take(900) is small  # the smallest that holds it
+    assert pool.take(100_000).nbytes == 100_000  # none holds it: a new buffer
+    assert pool.take(500).nbytes == 500  # the large one is more than twice as big: kept for a larger arena
+    pool.give([small, np.empty(5000, dtype=np.uint8)])
+    assert pool.kept_bytes == 1000 + 5000  # the largest (6000) dropped: all three exceed the bound
+
+
+def test_a_released_runs_values_cannot_be_read() -> None:
+    with Batch(backend="numpy") as batch:
+        y = ops.tanh(batch.constant(np.ones((1, 4), np.float32)))
+        plan = batch.plan([y])
+        values = batch._executor.run(plan, batch._weights, batch._literals, pool=batch_module.TRACED_ARENAS)
+        assert float(values[plan.locations[y.name]][0, 0]) == pytest.approx(np.tanh(1.0))
+        values.release()
+        with pytest.raises(IndexError):
+            values[plan.locations[y.name]]

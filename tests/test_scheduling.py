@@ -231,3 +231,22 @@ def test_the_compiled_loops_refuse_what_does_not_fit_with_an_error() -> None:
     assert search(ints(0, 0), ints(0, 1, 1), ints(1), ints(0, 1), average, expensive, none, none, none, none, 0, -1) \
         == [[0], [1]]
     assert search(ints(0, 0), ints(0, 1, 1), ints(1), ints(0, 1), average, expensive, none, none, none, none, 0, 1) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_keys_counted_are_what_sorting_gives(seed: int) -> None:
+    """``batcher.int_keys`` counts small keys where NumPy sorts them: the same numbering, order and
+    runs, on keys dense and sparse in their range (the sparse ones take the sorting fallback)."""
+    from autobatch.batcher import int_keys
+
+    rng = np.random.default_rng(seed)
+    for bound in (1, 7, 255, 256, 257, 65_536, 65_537, 10**7):
+        keys = rng.integers(0, bound, int(rng.integers(1, 3000)))
+        values, inverse, counts = int_keys.unique_keys(keys, bound)
+        expected = np.unique(keys, return_inverse=True, return_counts=True)
+        for got, want in zip((values, inverse, counts), expected):
+            assert got.tolist() == want.tolist()
+        assert int_keys.distinct_keys(keys, bound).tolist() == expected[0].tolist()
+        assert int_keys.stable_order(keys, bound).tolist() == np.argsort(keys, kind="stable").tolist()
+        assert int_keys.bucket_starts(np.sort(keys), bound).tolist() == \
+            np.searchsorted(np.sort(keys), np.arange(bound + 1)).tolist()
