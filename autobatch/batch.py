@@ -137,7 +137,8 @@ class Batch(Tracer):
             values = [arenas[plan.locations[t.name]] for t in wanted]
             # The next run reuses the memory of every arena but those the results are read from
             # (views: they keep theirs, as they did before arenas were reused).
-            arenas.release(keep={plan.locations[t.name][0] for t in wanted})
+            if arenas.pooled:
+                arenas.release(keep={plan.locations[t.name][0] for t in wanted})
         self.reports.append(plan.report)
         self.last_plan = plan
         return values

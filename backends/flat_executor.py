@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import ModelProto, helper, numpy_helper
 
-from autobatch.backends.arena_pool import ArenaPool
+from autobatch.backends.arena_pool import MIN_POOLED_BYTES, ArenaPool
 from autobatch.backends.baked_weights import BAKE_MIN_BYTES, BAKE_MIN_LAUNCHES, Snapshot, WeightSnapshots, is_frozen
 from autobatch.backends.interpreter import Interpreter, NodeExecutionError, describe
 from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, OrtSettings, declare_ranks_only, new_session, run_session
@@ -297,6 +297,11 @@ class Values:
         self.loose = loose
         self._pool, self._buffers = pool, buffers or {}
 
+    @property
+    def pooled(self) -> bool:
+        """Whether any arena's memory came from a pool (``release`` gives it back)."""
+        return bool(self._buffers)
+
     def release(self, keep: Container[int] = ()) -> None:
         """The memory of every arena but those in ``keep`` (whose values the caller holds) back
         to the pool it came from: reading a value of the plan now raises."""
@@ -339,7 +344,7 @@ def _arenas(plan: FlatPlan, pool: ArenaPool | None) -> tuple[list[np.ndarray | N
             continue
         size = rows * math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around
         try:
-            if pool is None or not size:
+            if pool is None or size < MIN_POOLED_BYTES:
                 arenas.append(np.empty((rows, *shape), dtype=dtype))
                 continue
             buffers[k] = pool.take(size)

@@ -831,8 +831,11 @@ def test_results_keep_their_values_while_later_batches_reuse_the_arenas_memory(
     V = Parameter(rng.standard_normal((8, 3)).astype(np.float32)).freeze()
     from autobatch.backends.arena_pool import ArenaPool
 
+    from autobatch.backends import flat_executor
+
     pool = ArenaPool()
     monkeypatch.setattr(batch_module, "TRACED_ARENAS", pool)
+    monkeypatch.setattr(flat_executor, "MIN_POOLED_BYTES", 1)  # these arenas are small: pooled all the same
     kept, expected = [], []
     for round_ in range(4):
         xs = [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(5)]
