@@ -21,7 +21,9 @@
 static PyObject *tensor_class;      /* frontends.tensors.Tensor (a subclass of TensorBase) */
 static PyObject *record_class;      /* ir.records.Record (a named tuple) */
 static PyObject *no_attributes;     /* tensors.NO_ATTRIBUTES */
+static PyObject *no_attributes_id;  /* its id(), made once: most records have no attributes */
 static PyObject *tensor_type;       /* tensors.tensor_type(dtype, shape) -> ValueType */
+static PyObject *value_type_class;  /* ir.ValueType: a tensor's entry where it is not a shared value's name */
 static PyObject *parameter_class;   /* tensors.Parameter */
 static PyObject *current_batch_var; /* tensors._current (a ContextVar) */
 static PyObject *elementwise_python; /* ops._python_elementwise: everything but the common case */
@@ -359,6 +361,11 @@ error:
     return -1;
 }
 
+/* id(attributes), a new reference: alive while the records holding it are. */
+static PyObject *attributes_id_of(PyObject *attributes) {
+    return attributes == no_attributes ? Py_NewRef(no_attributes_id) : PyLong_FromVoidPtr(attributes);
+}
+
 /* ``(*head, *names)`` as a tuple: the call as ``reuse_calls`` knows it. */
 static PyObject *seen_key(PyObject *const *head, Py_ssize_t heads, PyObject *names) {
     Py_ssize_t n = PyList_GET_SIZE(names), k;
@@ -370,15 +377,19 @@ static PyObject *seen_key(PyObject *const *head, Py_ssize_t heads, PyObject *nam
 }
 
 /* The common op's record: ONNX's domain, deterministic, every input given, one output.
-   ``attributes``: a borrowed dict (NO_ATTRIBUTES for none). */
+   ``attributes``: a borrowed dict (NO_ATTRIBUTES for none). ``vtype``: the output's type where the
+   caller knows it (borrowed), else NULL: ``tensor_type(dtype, shape)``. */
 static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shape,
-                               PyObject *dtype, PyObject *attributes) {
-    PyObject *names = NULL, *entries = NULL, *vtype = NULL, *seen = NULL, *attributes_id = NULL, *at = NULL;
+                               PyObject *dtype, PyObject *attributes, PyObject *vtype) {
+    PyObject *names = NULL, *entries = NULL, *seen = NULL, *attributes_id = NULL, *at = NULL;
     PyObject *preds = PyList_New(0), *result = NULL;
+    if (vtype != NULL) Py_INCREF(vtype);
     if (preds == NULL || read_operands(self, inputs, &names, preds, &entries) < 0) goto done;
-    PyObject *type_args[] = {dtype, shape};
-    vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
-    attributes_id = PyLong_FromVoidPtr(attributes);  /* id(): alive while the record is */
+    if (vtype == NULL) {
+        PyObject *type_args[] = {dtype, shape};
+        vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
+    }
+    attributes_id = attributes_id_of(attributes);
     if (vtype == NULL || attributes_id == NULL) goto done;
     if (self->reuse_calls) {  /* as ``Tracer.record`` makes it: either may reuse the other's */
         PyObject *head[] = {op_type, empty_string, attributes_id};
@@ -467,7 +478,7 @@ static PyObject *recorder_record_one(RecorderObject *self, PyObject *const *args
                                      PyObject *kwnames) {
     PyObject *attributes = record_attributes(self, args, nargs, kwnames, "record_one(op_type, inputs, shape, dtype, attrs=None)");
     if (attributes == NULL) return NULL;
-    return do_record_one(self, args[0], args[1], args[2], args[3], attributes);
+    return do_record_one(self, args[0], args[1], args[2], args[3], attributes, NULL);
 }
 
 /* Tracer._append(op_type, domain, preds, names, attributes, shapes, dtypes, types, entries, key, seen):
@@ -599,7 +610,7 @@ static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *
     if (attributes == NULL) return NULL;
     PyObject *op_type = args[0], *names = NULL, *entries = NULL, *types = NULL, *seen = NULL, *key = NULL;
     PyObject *shapes = PySequence_Tuple(args[2]), *dtypes = shapes == NULL ? NULL : PySequence_Tuple(args[3]);
-    PyObject *preds = PyList_New(0), *attributes_id = PyLong_FromVoidPtr(attributes), *result = NULL;
+    PyObject *preds = PyList_New(0), *attributes_id = attributes_id_of(attributes), *result = NULL;
     if (dtypes == NULL || preds == NULL || attributes_id == NULL) goto done;
     if (read_operands(self, args[1], &names, preds, &entries) < 0) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(shapes) < PyTuple_GET_SIZE(dtypes) ? PyTuple_GET_SIZE(shapes)
@@ -834,14 +845,21 @@ static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t
         return PyObject_Vectorcall(elementwise_python, args, nargs, NULL);
     }
     PyObject *batch = Py_NewRef(first->batch), *shape = Py_NewRef(first->shape), *dtype = Py_NewRef(first->dtype);
-    PyObject *result = NULL;
+    PyObject *result = NULL, *vtype = NULL;
     int same = 1;
     for (k = 1; k < n && same > 0; k++) {
         PyObject *its = ((TensorObject *)PyList_GET_ITEM(inputs, k))->shape;
         same = its == shape ? 1 : its == NULL ? 0 : PyObject_RichCompareBool(its, shape, Py_EQ);
     }
+    /* The result's type is that of an operand which is no shared value (whose entry is its
+       name): each operand is of this shape and dtype, and its entry its type. Asking the
+       type cache hashed the dtype and the shape for every op. */
+    for (k = 0; k < n && vtype == NULL; k++) {
+        PyObject *entry = ((TensorObject *)PyList_GET_ITEM(inputs, k))->entry;
+        if (entry != NULL && Py_TYPE(entry) == (PyTypeObject *)value_type_class) vtype = entry;
+    }
     if (same > 0 && recorder_ready((RecorderObject *)batch))
-        result = do_record_one((RecorderObject *)batch, args[0], inputs, shape, dtype, no_attributes);
+        result = do_record_one((RecorderObject *)batch, args[0], inputs, shape, dtype, no_attributes, vtype);
     Py_DECREF(inputs);
     Py_DECREF(batch);
     Py_DECREF(shape);
@@ -919,7 +937,7 @@ static PyObject *matmul(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *batch = Py_NewRef(x->batch), *dtype = Py_NewRef(x->dtype);
     if (recorder_ready((RecorderObject *)batch))
-        result = do_record_one((RecorderObject *)batch, str_matmul, inputs, shape, dtype, no_attributes);
+        result = do_record_one((RecorderObject *)batch, str_matmul, inputs, shape, dtype, no_attributes, NULL);
     Py_DECREF(batch);
     Py_DECREF(dtype);
 done:
@@ -1065,9 +1083,9 @@ static void set_global(PyObject **slot, PyObject *value) {
 }
 
 static PyObject *configure_records(PyObject *module, PyObject *args) {
-    PyObject *tensor, *record, *attributes, *types;
-    if (!PyArg_ParseTuple(args, "O!O!O!O:configure_records", &PyType_Type, &tensor, &PyType_Type, &record,
-                          &PyDict_Type, &attributes, &types))
+    PyObject *tensor, *record, *attributes, *types, *value_type;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!:configure_records", &PyType_Type, &tensor, &PyType_Type, &record,
+                          &PyDict_Type, &attributes, &types, &PyType_Type, &value_type))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)tensor, &TensorBaseType)
         || ((PyTypeObject *)tensor)->tp_basicsize != TensorBaseType.tp_basicsize) {
@@ -1081,8 +1099,12 @@ static PyObject *configure_records(PyObject *module, PyObject *args) {
     }
     set_global(&tensor_class, tensor);
     set_global(&record_class, record);
+    PyObject *id = PyLong_FromVoidPtr(attributes);
+    if (id == NULL) return NULL;
     set_global(&no_attributes, attributes);
+    Py_XSETREF(no_attributes_id, id);
     set_global(&tensor_type, types);
+    set_global(&value_type_class, value_type);
     Py_RETURN_NONE;
 }
 

@@ -196,5 +196,5 @@ def configure_records(tensor: type, attributes: dict[str, AttributeProto], tenso
     """What records are made of: the ``Tensor`` class, ``NO_ATTRIBUTES``, ``tensor_type``."""
     global _tensor_class, _no_attributes, _tensor_type
     if compiled:
-        compiled.configure_records(tensor, Record, attributes, tensor_type)
+        compiled.configure_records(tensor, Record, attributes, tensor_type, ValueType)
     _tensor_class, _no_attributes, _tensor_type = tensor, attributes, tensor_type

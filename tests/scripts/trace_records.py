@@ -39,6 +39,7 @@ def small_programs(batch: Tracer) -> list:
     x = batch.constant(RNG.standard_normal(4).astype(np.float32))
     m = batch.constant(RNG.standard_normal((3, 4)).astype(np.float32))
     n = batch.constant(np.arange(6, dtype=np.int64).reshape(2, 3))
+    shared = batch.parameter(B)  # a tensor whose entry is its name
     h, c = step(x, x)
     again, _ = step(x, x)  # reused: the same call on the same tensors
     outs = [
@@ -53,6 +54,7 @@ def small_programs(batch: Tracer) -> list:
         ops.matmul(x, W), ops.matmul(x, W), ops.matmul(W, W), ops.matmul(B, W),
         ops.matmul(ops.stack([m, m]), W),  # batch axes: the Python's
         *ops.split(x, 2), *ops.split(x, 2), *ops.split(m, 3), ops.concat([m, m], axis=1), ops.concat([x, x, h]),
+        shared + h, shared * shared, x - shared,  # a shared operand first, only shared ones: the result's type
     ]
     with batch.instance():
         outs.append(ops.affine(ops.tanh(x), W, B))
