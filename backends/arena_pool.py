@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-POOL_BYTES = 512 << 20  # kept at most; memory past it goes back to the allocator
+POOL_BYTES = 256 << 20  # kept at most (the largest buffers go first); memory past it goes back to the allocator
 MIN_POOLED_BYTES = 128 << 10  # glibc's malloc maps blocks from this size on (its default threshold)
 
 
