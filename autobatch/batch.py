@@ -135,10 +135,10 @@ class Batch(Tracer):
         else:
             arenas = self._executor.run(plan, self._weights, self._literals, plan.report.execution, TRACED_ARENAS)
             values = [arenas[plan.locations[t.name]] for t in wanted]
-            # The next run reuses the memory of every arena but those the results are read from
-            # (views: they keep theirs, as they did before arenas were reused).
+            # The next run reuses the memory of every arena but those the results are views of
+            # (they keep theirs, as they did before arenas were reused).
             if arenas.pooled:
-                arenas.release(keep={plan.locations[t.name][0] for t in wanted})
+                arenas.release(kept=values)
         self.reports.append(plan.report)
         self.last_plan = plan
         return values

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Container, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -302,11 +302,14 @@ class Values:
         """Whether any arena's memory came from a pool (``release`` gives it back)."""
         return bool(self._buffers)
 
-    def release(self, keep: Container[int] = ()) -> None:
-        """The memory of every arena but those in ``keep`` (whose values the caller holds) back
-        to the pool it came from: reading a value of the plan now raises."""
+    def release(self, kept: Iterable[Any] = ()) -> None:
+        """The memory of the arenas back to the pool it came from, but of those any of ``kept``
+        (the values the caller holds) is a view of, whichever arena it was read from: a block
+        may be a view of another arena (a row reshape's, an interpreter's Identity). Reading a
+        value of the plan now raises."""
+        held = {id(_memory_of(value)) for value in kept if isinstance(value, np.ndarray)}
         if self._pool is not None:
-            self._pool.give([buffer for arena, buffer in self._buffers.items() if arena not in keep])
+            self._pool.give([buffer for buffer in self._buffers.values() if id(buffer) not in held])
         self.arenas, self._buffers = [], {}
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
@@ -314,6 +317,13 @@ class Values:
         if type(rows) is int and arena >= 0:  # one value's row, a view (0-d too): the common case, kept cheap
             return self.arenas[arena][rows, ...]
         return _read(self.arenas, self.loose, arena, rows)
+
+
+def _memory_of(array: np.ndarray) -> Any:
+    """The object that owns the memory of an array that may be a view of a view."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
 
 
 class SlotMismatch(NodeExecutionError):

@@ -174,8 +174,10 @@ def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
     sig = problem.sig
     levels = int(level.max()) + 1
     classes = len(problem.classes)
-    key = np.where(sig != UNBATCHABLE, sig * levels + level, (classes + np.arange(n)) * levels)
-    _, group, counts = unique_keys(key, (classes + n) * levels if (sig == UNBATCHABLE).any() else classes * levels)
+    # An unbatchable node a launch of its own, after every class's (in node order): keys past them.
+    unbatchable = sig == UNBATCHABLE
+    key = np.where(unbatchable, classes * levels + np.cumsum(unbatchable) - 1, sig * levels + level)
+    _, group, counts = unique_keys(key, classes * levels + int(np.count_nonzero(unbatchable)))
     groups = len(counts)
     src, dst = problem.edges
     # No edge joins two nodes of one launch: along an edge, a class's level (first or last) grows.

@@ -864,6 +864,23 @@ def test_the_arena_pool_reuses_the_best_fit_and_keeps_at_most_its_bytes() -> Non
     assert pool.kept_bytes == 1000 + 5000  # the largest (6000) dropped: all three exceed the bound
 
 
+def test_release_keeps_the_memory_a_kept_value_is_a_view_of_whichever_arena_read_it() -> None:
+    """A block may be a view of another arena (a row reshape's output, an interpreter's
+    Identity): a result read from the block keeps the other arena's memory out of the pool."""
+    from autobatch.backends.arena_pool import ArenaPool
+    from autobatch.backends.flat_executor import Loose, Values
+
+    pool = ArenaPool()
+    first, second = pool.take(4096), pool.take(4096)
+    arena = first.view(np.float32).reshape(64, 16)
+    block = arena.reshape(128, 8)  # "its own arena", a view of the first's memory
+    values = Values([arena, second.view(np.float32).reshape(64, 16), block], Loose({}, {}), pool,
+                    {0: first, 1: second})
+    kept = values[(2, slice(4, 6))]
+    values.release(kept=[kept])
+    assert pool.take(4096) is second and pool.kept_bytes == 0, "only the memory nothing kept reads went back"
+
+
 def test_a_released_runs_values_cannot_be_read() -> None:
     with Batch(backend="numpy") as batch:
         y = ops.tanh(batch.constant(np.ones((1, 4), np.float32)))

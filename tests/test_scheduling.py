@@ -250,3 +250,72 @@ def test_keys_counted_are_what_sorting_gives(seed: int) -> None:
         assert int_keys.stable_order(keys, bound).tolist() == np.argsort(keys, kind="stable").tolist()
         assert int_keys.bucket_starts(np.sort(keys), bound).tolist() == \
             np.searchsorted(np.sort(keys), np.arange(bound + 1)).tolist()
+
+
+def _sorted_level_groups(problem: Problem, level: np.ndarray) -> list | None:
+    """``level_groups`` as it was written with NumPy's sorts (the oracle of the counted one)."""
+    import heapq
+
+    n, sig = problem.size, problem.sig
+    levels = int(level.max()) + 1
+    key = np.where(sig != UNBATCHABLE, sig * levels + level, (len(problem.classes) + np.arange(n)) * levels)
+    _, group, counts = np.unique(key, return_inverse=True, return_counts=True)
+    groups = len(counts)
+    src, dst = problem.edges
+    between = np.unique(group[src] * groups + group[dst])
+    targets = (between % groups).tolist()
+    waiting = np.bincount(between % groups, minlength=groups).tolist()
+    starts = np.searchsorted(between // groups, np.arange(groups + 1)).tolist()
+    nodes = np.argsort(group, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    first_depth = np.minimum.reduceat(problem.depth[nodes], bounds[:-1]).tolist()
+    ready = [(first_depth[g], g) for g in range(groups) if waiting[g] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        g = heapq.heappop(ready)[1]
+        order.append(g)
+        for h in targets[starts[g]:starts[g + 1]]:
+            waiting[h] -= 1
+            if waiting[h] == 0:
+                heapq.heappush(ready, (first_depth[h], h))
+    if len(order) < groups:
+        return None
+    members, bounds = nodes.tolist(), bounds.tolist()
+    return [members[bounds[g]:bounds[g + 1]] for g in order]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_level_groups_counted_are_the_sorted_ones(seed: int) -> None:
+    """The same launches in the same order as with NumPy's sorts, on random problems with
+    unbatchable nodes, at first and at last levels (where either finds no order, neither does)."""
+    rng = np.random.default_rng(100 + seed)
+    problems = [_random_problem(rng, int(rng.integers(20, 400)), int(rng.integers(1, 8)), parted=bool(seed % 2)),
+                _chains(rng)]
+    found = []
+    for problem in problems:
+        for level in (problem.level, problem.late_level):
+            found.append(schedulers.level_groups(problem, level))
+            assert found[-1] == _sorted_level_groups(problem, level)
+    assert any(groups is not None for groups in found), "chains line up: at least one order found"
+
+
+def _chains(rng: np.random.Generator) -> Problem:
+    """Instances as chains of steps (a tagger's LSTM steps, each reading the last), a class a
+    step in a repeating pattern, an unbatchable node after some steps, and a final node reading
+    every chain's last step: their levels line up, so ``level_groups`` finds an order."""
+    pattern = rng.integers(0, 4, int(rng.integers(1, 5)))
+    sig, preds = [], []
+    ends = []
+    for _ in range(int(rng.integers(2, 12))):
+        previous = None
+        for j in range(int(rng.integers(1, 30))):
+            for cls in [int(pattern[j % len(pattern)])] + ([UNBATCHABLE] if rng.random() < 0.2 else []):
+                sig.append(cls)
+                preds.append([] if previous is None else [previous])
+                previous = len(sig) - 1
+        ends.append(previous)
+    sig.append(UNBATCHABLE)
+    preds.append(ends)
+    signatures = [("", "Tanh", k) for k in range(4)]
+    return problem_from(list(range(len(sig))), np.array(sig, dtype=np.int64), preds, signatures)
