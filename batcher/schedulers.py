@@ -168,20 +168,10 @@ def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
     schedule has as many launches as the lower bound (a class of highest level m has its nodes
     on levels 1..m), and is found with NumPy over all nodes at once, and Python only over
     launches and the dependencies between them."""
-    n = problem.size
-    if n == 0:
+    if problem.size == 0:
         return []
-    sig = problem.sig
-    levels = int(level.max()) + 1
-    classes = len(problem.classes)
-    # An unbatchable node a launch of its own, after every class's (in node order): keys past them.
-    unbatchable = sig == UNBATCHABLE
-    key = np.where(unbatchable, classes * levels + np.cumsum(unbatchable) - 1, sig * levels + level)
-    _, group, counts = unique_keys(key, classes * levels + int(np.count_nonzero(unbatchable)))
+    group, counts, between = launches_by_level(problem, level)
     groups = len(counts)
-    src, dst = problem.edges
-    # No edge joins two nodes of one launch: along an edge, a class's level (first or last) grows.
-    between = distinct_keys(group[src] * groups + group[dst], groups * groups)
     sources, targets = between // groups, (between % groups).tolist()
     waiting = np.bincount(between % groups, minlength=groups).tolist()
     starts = bucket_starts(sources, groups).tolist()
@@ -203,6 +193,20 @@ def level_groups(problem: Problem, level: np.ndarray) -> Schedule | None:
         return None
     members, bounds = nodes.tolist(), bounds.tolist()
     return [members[bounds[g]:bounds[g + 1]] for g in order]
+
+
+def launches_by_level(problem: Problem, level: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``level_groups``' launches: per node its launch, numbered by class, then level, then the
+    unbatchable nodes' (one each, in node order); each launch's number of nodes; and the pairs of
+    launches an edge joins, ``source * launches + target``, ascending."""
+    sig = problem.sig
+    levels, classes = int(level.max()) + 1, len(problem.classes)
+    unbatchable = sig == UNBATCHABLE  # keyed past every class's, by their count so far
+    key = np.where(unbatchable, classes * levels + np.cumsum(unbatchable) - 1, sig * levels + level)
+    _, group, counts = unique_keys(key, classes * levels + int(np.count_nonzero(unbatchable)))
+    src, dst = problem.edges
+    # No edge joins two nodes of one launch: along an edge, a class's level (first or last) grows.
+    return group, counts, distinct_keys(group[src] * len(counts) + group[dst], len(counts) ** 2)
 
 
 # Each maps (ready set, class, lowest pending level per class, highest per class) to a sort key.
