@@ -151,7 +151,7 @@ class FlatExecutor:
         ``seconds`` receives the time spent in gathers (literals placed, weights checked for
         baking, operands stacked), template runs (kernels, with the backend's own call
         overhead) and arena writes. ``pool``: where the arenas' memory comes from, for a caller
-        that gives back (``Values.release``) the arenas no value it keeps is read from."""
+        that gives it back (``Values.release``) once it knows which values it keeps."""
         clock = time.perf_counter
         start = clock()
         arenas, buffers = _arenas(plan, pool)
@@ -292,10 +292,10 @@ class Values:
     of an arena's row or rows, or a loose value)."""
 
     def __init__(self, arenas: list[np.ndarray], loose: Loose, pool: ArenaPool | None = None,
-                 buffers: dict[int, np.ndarray] | None = None) -> None:
+                 buffers: list[np.ndarray] | None = None) -> None:
         self.arenas = arenas
         self.loose = loose
-        self._pool, self._buffers = pool, buffers or {}
+        self._pool, self._buffers = pool, buffers or []
 
     @property
     def pooled(self) -> bool:
@@ -309,8 +309,8 @@ class Values:
         value of the plan now raises."""
         held = {id(_memory_of(value)) for value in kept if isinstance(value, np.ndarray)}
         if self._pool is not None:
-            self._pool.give([buffer for buffer in self._buffers.values() if id(buffer) not in held])
-        self.arenas, self._buffers = [], {}
+            self._pool.give([buffer for buffer in self._buffers if id(buffer) not in held])
+        self.arenas, self._buffers = [], []
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
         arena, rows = location
@@ -342,11 +342,11 @@ class ArenaTooLarge(NodeExecutionError):
     """The rows a plan needs do not fit in memory."""
 
 
-def _arenas(plan: FlatPlan, pool: ArenaPool | None) -> tuple[list[np.ndarray | None], dict[int, np.ndarray]]:
+def _arenas(plan: FlatPlan, pool: ArenaPool | None) -> tuple[list[np.ndarray | None], list[np.ndarray]]:
     """Every arena of the plan, allocated (a block stays None until its step gives it), and the
-    buffers taken from ``pool`` for them, by arena."""
+    buffers taken from ``pool`` for them."""
     arenas: list[np.ndarray | None] = []
-    buffers: dict[int, np.ndarray] = {}
+    buffers: list[np.ndarray] = []
     for k, ((elem_type, shape), rows) in enumerate(zip(plan.kinds, plan.rows)):
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
         if k in plan.blocks:
@@ -357,11 +357,11 @@ def _arenas(plan: FlatPlan, pool: ArenaPool | None) -> tuple[list[np.ndarray | N
             if pool is None or size < MIN_POOLED_BYTES:
                 arenas.append(np.empty((rows, *shape), dtype=dtype))
                 continue
-            buffers[k] = pool.take(size)
-            arenas.append(buffers[k][:size].view(dtype).reshape(rows, *shape))
+            buffers.append(pool.take(size))
+            arenas.append(buffers[-1][:size].view(dtype).reshape(rows, *shape))
         except (MemoryError, ValueError) as error:  # ValueError: a size past what NumPy can index
             if pool is not None:
-                pool.give(list(buffers.values()))
+                pool.give(buffers)
             raise ArenaTooLarge(f"the plan needs {rows} rows of {dtype}{list(shape)} ({size / 2**30:.3g} GiB): "
                                 f"{type(error).__name__}") from None
     return arenas, buffers

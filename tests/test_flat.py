@@ -875,7 +875,7 @@ def test_release_keeps_the_memory_a_kept_value_is_a_view_of_whichever_arena_read
     arena = first.view(np.float32).reshape(64, 16)
     block = arena.reshape(128, 8)  # "its own arena", a view of the first's memory
     values = Values([arena, second.view(np.float32).reshape(64, 16), block], Loose({}, {}), pool,
-                    {0: first, 1: second})
+                    [first, second])
     kept = values[(2, slice(4, 6))]
     values.release(kept=[kept])
     assert pool.take(4096) is second and pool.kept_bytes == 0, "only the memory nothing kept reads went back"
