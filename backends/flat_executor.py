@@ -307,9 +307,16 @@ class Values:
         (the values the caller holds) is a view of, whichever arena it was read from: a block
         may be a view of another arena (a row reshape's, an interpreter's Identity). Reading a
         value of the plan now raises."""
-        held = {id(_memory_of(value)) for value in kept if isinstance(value, np.ndarray)}
+        held, unsure = set(), []
+        for value in kept:
+            if isinstance(value, np.ndarray):
+                owner = _memory_of(value)
+                held.add(id(owner))
+                if owner.base is not None:  # its memory's owner is no array (``as_strided``'s): compare addresses
+                    unsure.append(value)
         if self._pool is not None:
-            self._pool.give([buffer for buffer in self._buffers if id(buffer) not in held])
+            self._pool.give([buffer for buffer in self._buffers if id(buffer) not in held
+                             and not any(np.may_share_memory(value, buffer) for value in unsure)])
         self.arenas, self._buffers = [], []
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
@@ -319,8 +326,9 @@ class Values:
         return _read(self.arenas, self.loose, arena, rows)
 
 
-def _memory_of(array: np.ndarray) -> Any:
-    """The object that owns the memory of an array that may be a view of a view."""
+def _memory_of(array: np.ndarray) -> np.ndarray:
+    """The last array down a view's chain of bases: the one owning its memory, unless that
+    array's own base is no array (onnxruntime's outputs, ``as_strided`` views)."""
     while isinstance(array.base, np.ndarray):
         array = array.base
     return array

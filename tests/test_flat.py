@@ -879,6 +879,12 @@ def test_release_keeps_the_memory_a_kept_value_is_a_view_of_whichever_arena_read
     kept = values[(2, slice(4, 6))]
     values.release(kept=[kept])
     assert pool.take(4096) is second and pool.kept_bytes == 0, "only the memory nothing kept reads went back"
+    # A view whose chain of bases ends in no array (``as_strided``'s): found by its address.
+    first, second = pool.take(4096), pool.take(4096)
+    values = Values([first.view(np.float32).reshape(64, 16)], Loose({}, {}), pool, [first, second])
+    strided = np.lib.stride_tricks.as_strided(values[(0, slice(0, 2))], shape=(2, 16), strides=(64, 4))
+    values.release(kept=[strided])
+    assert pool.take(4096) is second and pool.kept_bytes == 0
 
 
 def test_a_released_runs_values_cannot_be_read() -> None:
