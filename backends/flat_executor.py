@@ -307,16 +307,16 @@ class Values:
         (the values the caller holds) is a view of, whichever arena it was read from: a block
         may be a view of another arena (a row reshape's, an interpreter's Identity). Reading a
         value of the plan now raises."""
-        held, unsure = set(), []
+        held, unsure = set(), {}
         for value in kept:
             if isinstance(value, np.ndarray):
                 owner = _memory_of(value)
                 held.add(id(owner))
                 if owner.base is not None:  # its memory's owner is no array (``as_strided``'s): compare addresses
-                    unsure.append(value)
+                    unsure[id(owner)] = owner  # (once an owner: a block's rows share one)
         if self._pool is not None:
             self._pool.give([buffer for buffer in self._buffers if id(buffer) not in held
-                             and not any(np.may_share_memory(value, buffer) for value in unsure)])
+                             and not any(np.may_share_memory(owner, buffer) for owner in unsure.values())])
         self.arenas, self._buffers = [], []
 
     def __getitem__(self, location: tuple[int, Any]) -> Any:
