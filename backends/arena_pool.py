@@ -3,9 +3,10 @@
 A minibatch's arenas are large (94 MB for a BiLSTM tagger's 64 sentences traced op by op, size
 256) and new every run: each page the steps write first faults in (the kernel zeroes it), which
 made the executor's arena writes twice as slow as writes to memory touched before. A pool
-hands the next run the memory the last one gave back. A caller gives back only the arenas that
-none of the values it keeps is read from (``Batch``: its results are views of their arenas,
-which keep their memory), so that no result is a view of memory a later run writes. Small
+hands the next run the memory the last one gave back. A caller gives back only the memory that
+none of the values it keeps is a view of (``Batch``: its results are views of arenas, and a
+block may be a view of another arena; ``Values.release`` follows each view to its memory), so
+that no result is a view of memory a later run writes. Small
 arenas come from the allocator's heap, already faulted in: they skip the pool, whose
 bookkeeping cost a lockstep round of a few records more than it saved."""
 
