@@ -46,8 +46,10 @@ class Layout:
             if not isinstance(template, Padding) and stacked_row(members[0]) is not None:
                 # a class of stacks of any number of rows, whose template is its first member's:
                 # each number of rows with its own
-                counts = sorted({len(member.inputs) for member in members})
-                groups = [[m for m in members if len(m.inputs) == count] for count in counts]
+                by_count: dict[int, list[Record]] = {}
+                for member in members:  # one pass, not one over every member a number of rows
+                    by_count.setdefault(len(member.inputs), []).append(member)
+                groups = [by_count[count] for count in sorted(by_count)]
                 return [step for group in groups for step in self._steps_of(group, self._own_template(group[0]))]
         return self._steps_of(members, template)
 

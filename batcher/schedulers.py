@@ -290,7 +290,7 @@ def _compiled_search(problem: Problem, mode: int, limit: int | None = None) -> S
                                                    len(problem.classes) * levels)
         code = np.full(n, -1, dtype=np.int64)
         code[batchable] = inverse
-        code_start = np.searchsorted(pairs // levels, np.arange(len(problem.classes) + 1))
+        code_start = bucket_starts(pairs // levels, len(problem.classes))
         code_level = pairs % levels
     return SCHEDULING.search(sig, starts, readers, waiting, average.astype(np.float64), expensive.view(np.uint8),
                              code, code_start, code_level, code_pending, mode, -1 if limit is None else limit)
