@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,12 +65,18 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     start = time.perf_counter()
     planner = _Planner(cache, weights, literals, functions, opsets, known, literals_fixed)
     records, preds = _live(records, producers)
-    problem = planner.sign(records, preds, apart, padded)
-    analysed = time.perf_counter()
-    # No dependencies (a lockstep round over known values): every scheduler launches each class
-    # once, and grouping by class is the cheapest way there.
-    schedule = depth_schedule(problem) if not problem.depth.any() else get_scheduler(scheduler)(problem)
-    scheduled = time.perf_counter()
+    schedule = None if apart else planner.round_classes(records, preds)
+    if schedule is not None:  # a lockstep round of classes met before: no problem to sign
+        analysed = scheduled = time.perf_counter()
+        lower_bound: int | Callable[[], int] = len(schedule)
+    else:
+        problem = planner.sign(records, preds, apart, padded)
+        analysed = time.perf_counter()
+        # No dependencies (a lockstep round over known values): every scheduler launches each class
+        # once, and grouping by class is the cheapest way there.
+        schedule = depth_schedule(problem) if not problem.depth.any() else get_scheduler(scheduler)(problem)
+        scheduled = time.perf_counter()
+        lower_bound = problem.deferred_lower_bound()
     steps: list[Step] = []
     launches_by_op: Counter[str] = Counter()
     for group in schedule:  # a step a launch; rows picked where they lie make none (``Layout._picked_rows``)
@@ -95,7 +101,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     for cls, template in enumerate(planner.templates):
         if getattr(template, "solo", False) and members[cls]:
             reasons[f"{planner.first_records[cls].op_type}: {template.reason}"] += members[cls]
-    report = BatchReport(scheduler, problem.size, len(steps), problem.deferred_lower_bound(), sum(reasons.values()),
+    report = BatchReport(scheduler, len(records), len(steps), lower_bound, sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
                          alone=dict(reasons), launches_by_op=dict(launches_by_op), by_shape=dict(planner.by_shape))

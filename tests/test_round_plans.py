@@ -1,0 +1,134 @@
+"""A lockstep round of classes met before is planned without signing it as a problem
+(``Classing.round_classes``): its plan must be the plan signing makes, step for step."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from autobatch import Batch, Parameter, ProgramFailure, cell, ops, run_programs
+from autobatch.batcher.classing import Classing
+from autobatch.examples import parser
+
+RNG = np.random.default_rng(0)
+
+
+def _facts(plan: Any) -> tuple:
+    """What a plan does, comparable: its arenas, steps (template by identity, reads, writes),
+    where each result lies, and its report's counts."""
+    def rows(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return ("rows", value.tolist())
+        if isinstance(value, (list, tuple)):
+            return [rows(item) for item in value]
+        return value
+
+    steps = [(id(step.template), step.size, rows(step.reads), step.weights, rows(step.writes)) for step in plan.steps]
+    report = plan.report
+    return (plan.kinds, plan.rows, sorted(plan.blocks), rows(plan.literal_runs), steps, plan.locations,
+            report.nodes, report.launches, report.lower_bound, report.alone, report.launches_by_op)
+
+
+class _BothWays(Batch):
+    """A batch that plans every round both ways, checks they agree and runs the first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rounds = {"without signing": 0, "signed": 0, "two keys, one class": 0}
+
+    def plan(self, wanted: Any) -> Any:
+        fast = self.rounds["without signing"]
+        with mock.patch.object(Classing, "round_classes", _counted(self.rounds)):
+            plan = super().plan(wanted)
+        if self.rounds["without signing"] > fast:
+            attributes = {id(record.attributes) for record in self._records}
+            self.rounds["two keys, one class"] += {id(_ALONG_ROWS), id(_ALSO_ALONG_ROWS)} <= attributes
+        with mock.patch.object(Classing, "round_classes", lambda *args: None):
+            signed = super().plan(wanted)
+        assert _facts(plan) == _facts(signed)
+        return plan
+
+
+def _counted(rounds: dict[str, int]) -> Any:
+    real = Classing.round_classes
+
+    def round_classes(self: Classing, *args: Any) -> Any:
+        launches = real(self, *args)
+        rounds["signed" if launches is None else "without signing"] += 1
+        return launches
+
+    return round_classes
+
+
+# Two attribute dicts of one content: records under each have keys apart and one signature class.
+_ALONG_ROWS, _ALSO_ALONG_ROWS = ({"axis": helper.make_attribute("axis", 0)} for _ in range(2))
+_NO_ATTRIBUTES: dict = {}  # one dict for every call: their keys are alike
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("seed", range(4))
+def test_rounds_of_mixed_ops_plan_as_signing_does(backend: str, seed: int) -> None:
+    """Each round every program takes one op chosen by its last value: cells of two kinds over
+    two widths, classes interleaved in trace order, Concats under two attribute dicts of one
+    content (keys apart, one class); and in every sixth round a random op beside (run one at a
+    time), in another a row-wise op (a ragged class: signed), in another two ops that read each
+    other (signed). Each program's values equal its run alone."""
+    rng = np.random.default_rng(seed)
+    W = {(a, b): Parameter(rng.standard_normal((a, b)).astype(np.float32) * 0.5).freeze() for a in (3, 6) for b in (3, 6)}
+    dense = cell(lambda x, w: ops.tanh(ops.matmul(x, w)))
+    squash = cell(lambda x: ops.tanh(x) * np.float32(0.5))
+
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        x, seen = ops.add(start, np.float32(0.0)), []
+        for step in range(16):
+            value = await x
+            seen.append(value)
+            move = {3: 4 if value[0] > 0 else 1, 5: None}.get(step % 6, int(abs(value.sum()) * 1000 + step) % 4)
+            before = x
+            width = value.shape[0]
+            if move == 0 or move in (2, 3) and width == 6:
+                x = dense(x, W[width, 3 if value[0] > 0 else 6])
+            elif move == 1:
+                x = squash(x)
+            elif move == 4:  # row-wise: a ragged class over both widths, in every sixth round
+                x = ops.tanh(x)
+            elif move in (2, 3):
+                attributes = _ALONG_ROWS if move == 2 else _ALSO_ALONG_ROWS
+                x = x.batch.record("Concat", [x, x], [(2 * width,)], [x.dtype], attributes)[0]
+            else:  # every program, every sixth round
+                x = ops.mul(x, np.float32(0.5)) + np.float32(1.0)  # the second op reads the first
+            # a value no rule batches (each draws its own), held through the next round: a class
+            # of members run one at a time, in rounds that skip signing too
+            noise = x.batch.record("RandomUniformLike", [before], [(width,)], [x.dtype], _NO_ATTRIBUTES)[0] \
+                if step % 6 == 2 else None
+        seen.append(await x)
+        del noise
+        return seen
+
+    starts = [rng.standard_normal(3 + 3 * (k % 2)).astype(np.float32) for k in range(12)]
+    batch = _BothWays(backend)
+    together = run_programs(program, starts, batch=batch)
+    assert not any(isinstance(got, ProgramFailure) for got in together), [str(got) for got in together]
+    assert batch.rounds["without signing"] >= 4 and batch.rounds["signed"] >= 2, batch.rounds
+    assert batch.rounds["two keys, one class"] >= 2, batch.rounds
+    for start, got in zip(starts, together):
+        alone = run_programs(program, [start], backend=backend)[0]
+        for a, b in zip(got, alone, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_parsers_rounds_plan_as_signing_does() -> None:
+    """The parser of ``examples``: its BiLSTM round is signed, its scoring rounds (a cell call
+    a sentence, reading the states of the first) are not, and both parse as before."""
+    sentences = [["the", "cat", "sat"], ["a", "dog", "ran", "far", "away"], ["it", "rains"], ["yes"]]
+    params = parser.make_params(parser.make_vocabulary(sentences), size=16).freeze()
+    for form in ("cells", "sequences"):
+        batch = _BothWays("onnxruntime")
+        got = run_programs(lambda s, form=form: parser.PARSERS[form](s, params), sentences, batch=batch)
+        want = run_programs(lambda s, form=form: parser.PARSERS[form](s, params), sentences, backend="onnxruntime")
+        assert [p.heads for p in got] == [p.heads for p in want]
+        assert batch.rounds["without signing"] >= len(batch.reports) - 2, (form, batch.rounds)
