@@ -88,6 +88,8 @@ class Problem:
         past the lower bound: its class's highest level, less the most nodes of its class on a
         path starting at it, plus one (``level`` is the first; nodes that no path joins, such as a
         tagger's per-token work after its LSTMs, share their last)."""
+        if self._late_level is None and not self.classes:  # every node unbatchable: no class to be late in
+            self._late_level = np.zeros(self.size, dtype=np.int64)
         if self._late_level is None:
             starts, readers = self.successors
             batchable = self.sig != UNBATCHABLE

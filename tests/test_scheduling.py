@@ -276,6 +276,19 @@ def test_level_groups_counted_are_the_sorted_ones(seed: int) -> None:
     assert schedulers.level_groups(problems[1], problems[1].level) is not None, "chains line up: an order is found"
 
 
+def test_a_problem_of_unbatchable_nodes_only_is_scheduled_a_node_a_launch() -> None:
+    """No class at all (every op run alone): no level to be late in, and each scheduler gives
+    each node its own launch, readers after what they read."""
+    preds = [[], [0], [0], [1, 2]]
+    problem = problem_from(list(range(4)), np.full(4, UNBATCHABLE, dtype=np.int64), preds, [])
+    assert problem.late_level.tolist() == [0, 0, 0, 0]
+    for name in ("depth", "agenda", "level"):
+        launches = schedulers.get_scheduler(name)(problem)
+        assert sorted(map(len, launches)) == [1, 1, 1, 1], name
+        order = [node for launch in launches for node in launch]
+        assert order.index(3) > max(order.index(1), order.index(2)) > order.index(0), name
+
+
 def _chains(rng: np.random.Generator) -> Problem:
     """Instances as chains of steps (a tagger's LSTM steps, each reading the last), a class a
     step in a repeating pattern, an unbatchable node after some steps, and a final node reading
