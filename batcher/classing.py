@@ -67,10 +67,11 @@ class Classing:
     def round_classes(self, records: Sequence[Record], preds: list[list[int]]) -> list[list[int]] | None:
         """A lockstep round's launches without signing it as a problem, where no record reads
         another's value (each reads values known before the round, and weights) and each
-        record's key was met by an earlier plan (``known``) with a class of its own: a template
-        that batches its members (not a sum of terms, not per size, not one at a time) and
-        that ``sign`` merges with no other (not ragged, not of one row). Then each class is
-        one launch of its members in trace order, the classes in the order they first appear:
+        record's key was met by an earlier plan (``known``) with a class whose template batches
+        its members (not a sum of terms, not per size, not one at a time) and that ``sign``
+        merges with no other class (not ragged, not of one row; keys of one signature share
+        their class). Then each class is one launch of its members in trace order, the classes
+        in the order they first appear:
         what ``depth_schedule`` gives at one depth, for a fraction of signing's cost (the
         planner's fixed cost a round: a parser's round of 55 calls planned in 81 us, not 104).
         ``record_class`` is set as ``sign`` sets it. None where that does not hold: ``sign``
@@ -81,13 +82,14 @@ class Classing:
         for i, key in enumerate(map(_KEY, records)):
             members = by_key.get(key)
             if members is None:
-                if key not in self.known:  # new: signing learns its class
+                learnt = self.known.get(key)  # new to the plans (signing learns it), or not batched on its own
+                if learnt is None or type(learnt[1]) is not Template or learnt[1].solo:
                     return None
                 members = by_key[key] = []
             members.append(i)
         by_class: dict[int, list[int]] = {}
         for members in by_key.values():
-            cls = self._class(records[members[0]])  # ``known``'s class, unless its attributes changed since
+            cls = self._class(records[members[0]])  # learnt again where its attributes changed since
             template = self.templates[cls]  # a ragged or one-row class's is ``_MERGED_OR_NOT`` until signed
             if type(template) is not Template or template.solo:
                 return None

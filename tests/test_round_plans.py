@@ -132,3 +132,34 @@ def test_the_parsers_rounds_plan_as_signing_does() -> None:
         want = run_programs(lambda s, form=form: parser.PARSERS[form](s, params), sentences, backend="onnxruntime")
         assert [p.heads for p in got] == [p.heads for p in want]
         assert batch.rounds["without signing"] >= len(batch.reports) - 2, (form, batch.rounds)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_round_whose_learnt_key_now_says_another_axis_is_signed(backend: str) -> None:
+    """One attributes dict told another axis between rounds (a traced key holds attributes by
+    id): the key's learnt class no longer holds, and the round is planned as what it now says,
+    a Softmax along rows (a ragged class, which only signing merges)."""
+    axis = {"axis": helper.make_attribute("axis", 0)}
+
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        x, seen = ops.add(start, np.float32(0.0)), []
+        for step in range(4):
+            value = await x
+            seen.append(value)
+            if step == 2:
+                axis["axis"] = helper.make_attribute("axis", 1)
+            x = x.batch.record("Softmax", [x], [x.shape], [x.dtype], axis)[0]
+        seen.append(await x)
+        return seen
+
+    starts = [RNG.standard_normal((2 + k % 2, 3)).astype(np.float32) for k in range(4)]
+    batch = _BothWays(backend)
+    together = run_programs(program, starts, batch=batch)
+    assert batch.rounds["without signing"] >= 1, batch.rounds
+    for start, got in zip(starts, together, strict=True):
+        want = [start]
+        for step in range(4):
+            shifted = np.exp(want[-1] - want[-1].max(axis=0 if step < 2 else 1, keepdims=True))
+            want.append(shifted / shifted.sum(axis=0 if step < 2 else 1, keepdims=True))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
