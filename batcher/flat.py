@@ -88,19 +88,24 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     if planner.picked:
         _copy_shared_rows(locations, planner.picked)
     done = time.perf_counter()
-    reads = [rows for step in steps for read in step.reads for _, rows in (read if isinstance(read, list) else [read])]
-    reads = [row_indices(rows) for rows in reads]
-    gathers = sum(isinstance(rows, (np.ndarray, list)) for rows in reads)  # a list: literals stacked, or pieces
-    views = sum(isinstance(rows, slice) for rows in reads)
+    gathers = views = 0
+    for step in steps:
+        for read in step.reads:
+            for _, rows in read if isinstance(read, list) else (read,):
+                rows = row_indices(rows)
+                gathers += isinstance(rows, (np.ndarray, list))  # a list: literals stacked, or pieces
+                views += isinstance(rows, slice)
     merged = sum(step.size - 1 for step in steps if step.template is not None and step.template.once
                  and not step.template.solo)
-    members = np.bincount(planner.record_class, minlength=len(planner.templates)).tolist()
     # counted a class at a time (its records share their op and template), and a group at a
     # time where the rule refused the group's number of members (``Layout.steps``)
-    reasons: Counter[str] = Counter(planner.alone_steps)
-    for cls, template in enumerate(planner.templates):
-        if getattr(template, "solo", False) and members[cls]:
-            reasons[f"{planner.first_records[cls].op_type}: {template.reason}"] += members[cls]
+    reasons = planner.alone_steps
+    solo = [cls for cls, template in enumerate(planner.templates) if getattr(template, "solo", False)]
+    if solo:  # (most plans, a lockstep round's among them, have none: no count of members)
+        members = np.bincount(planner.record_class, minlength=len(planner.templates)).tolist()
+        for cls in solo:
+            if members[cls]:
+                reasons[f"{planner.first_records[cls].op_type}: {planner.templates[cls].reason}"] += members[cls]
     report = BatchReport(scheduler, len(records), len(steps), lower_bound, sum(reasons.values()),
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
