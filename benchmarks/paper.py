@@ -67,6 +67,7 @@ class Record:
     gflops: float | None = None
     check: str = ""
     reused: int = 0  # our calls traced once for several callers
+    rounds: int = 0  # a lockstep task's: the batch's runs (the parser's transitions, and its BiLSTMs first)
 
 
 # ---------------------------------------------------------------------------------------- our runs
@@ -253,7 +254,8 @@ def measure_task(task: Task, args: argparse.Namespace, dynet: dict[int, dict[str
                 add("ours", f"{form}, batched {scheduler}", backend, r.seconds, count, flops, r.values,
                     launches=sum(x.launches for x in r.reports), lower_bound=sum(x.lower_bound for x in r.reports),
                     trace_s=r.trace_s, batching_s=batching, exec_s=r.run_s - batching, batching_detail=detail,
-                    exec_detail=_summed(report.execution for report in r.reports), reused=r.reused)
+                    exec_detail=_summed(report.execution for report in r.reports), reused=r.reused,
+                    rounds=len(r.reports) if task.is_parser else 0)
 
     # PyTorch
     if torch_runners is None:
@@ -472,10 +474,17 @@ def time_split(r: Record) -> str:
     rest = r.exec_s - sum(e.values())
     execution = (f"gathers {e.get('gather', 0) * 1e3:.1f} ms, template runs (kernels) {e.get('kernels', 0) * 1e3:.1f} ms, "
                  f"arena writes {e.get('scatter', 0) * 1e3:.1f} ms, results and pruning {rest * 1e3:.1f} ms")
-    return (f"{r.task} {r.variant}, {r.backend}: {total * 1e3:.0f} ms = tracing {r.trace_s * 1e3:.0f} ms "
-            f"({100 * r.trace_s / total:.0f}%) + batching {r.batching_s * 1e3:.0f} ms ({100 * r.batching_s / total:.0f}%: "
-            f"{batching}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: {execution}); "
-            f"{r.reused} repeated calls traced and run once (reuse_calls)")
+    split = (f"{r.task} {r.variant}, {r.backend}: {total * 1e3:.0f} ms = tracing {r.trace_s * 1e3:.0f} ms "
+             f"({100 * r.trace_s / total:.0f}%) + batching {r.batching_s * 1e3:.0f} ms ({100 * r.batching_s / total:.0f}%: "
+             f"{batching}) + execution {r.exec_s * 1e3:.0f} ms ({100 * r.exec_s / total:.0f}%: {execution}); "
+             f"{r.reused} repeated calls traced and run once (reuse_calls)")
+    if r.rounds > 1:  # issue 19: a round should cost little more than its kernels
+        kernels = e.get("kernels", 0) / r.rounds
+        around = total / r.rounds - kernels
+        split += (f"; {r.rounds} lockstep rounds, {total / r.rounds * 1e6:.0f} us a round = kernels {kernels * 1e6:.0f} us + "
+                  f"{around * 1e6:.0f} us around them (tracing and the host's choices {r.trace_s / r.rounds * 1e6:.0f}, "
+                  f"batching {r.batching_s / r.rounds * 1e6:.0f}, the rest of running {(r.exec_s / r.rounds - kernels) * 1e6:.0f})")
+    return split
 
 
 # ---------------------------------------------------------------------------------------- sweep and plot

@@ -162,3 +162,18 @@ def test_issue_19_table_takes_each_forms_best_row_and_says_how_far_a_target_is()
     assert "primitive / DyNet (>= 0.5)" in header
     assert line == ("| treelstm | 150.0 | 800.0 | 1,200.0 (fold) | 400.0 | 1,500.0 | 0.38 missed (1.3x short) | "
                     "2.00 MET | 0.80 missed (1.2x short) |")
+
+
+def test_a_lockstep_tasks_time_is_split_per_round_around_its_kernels() -> None:
+    """Issue 19 asks a lockstep round to cost little more than its kernels: the parser's line
+    says what a round costs beside them, from the minibatch's totals."""
+    from benchmarks.paper import Record, time_split
+
+    parser = Record("parser", "ours", "cells, batched level", "onnxruntime", 64, 640.0, seconds=0.1, trace_s=0.02,
+                    batching_s=0.01, exec_s=0.07, exec_detail={"gather": 0.005, "kernels": 0.04, "scatter": 0.001},
+                    rounds=100)
+    assert time_split(parser).endswith("; 100 lockstep rounds, 1000 us a round = kernels 400 us + 600 us around them "
+                                       "(tracing and the host's choices 200, batching 100, the rest of running 300)")
+    tree = Record("treelstm", "ours", "fold, batched level", "onnxruntime", 64, 640.0, seconds=0.1, trace_s=0.02,
+                  batching_s=0.01, exec_s=0.07, exec_detail={"kernels": 0.04})
+    assert "lockstep" not in time_split(tree)
