@@ -71,11 +71,10 @@ class Classing:
         its members (not a sum of terms, not per size, not one at a time) and that ``sign``
         merges with no other class (not ragged, not of one row; keys of one signature share
         their class). Then each class is one launch of its members in trace order, the classes
-        in the order they first appear:
-        what ``depth_schedule`` gives at one depth, for a fraction of signing's cost (the
-        planner's fixed cost a round: a parser's round of 55 calls planned in 81 us, not 104).
-        ``record_class`` is set as ``sign`` sets it. None where that does not hold: ``sign``
-        plans the round."""
+        in the order they first appear: what ``depth_schedule`` gives at one depth, for a
+        fraction of signing's cost (the planner's fixed cost a round: a parser's round of 55
+        calls planned in 81 us, not 104). ``record_class`` is set as ``sign`` sets it. None
+        where that does not hold: ``sign`` plans the round."""
         if not records or any(preds):
             return None
         by_key: dict[Hashable, list[int]] = {}
