@@ -4,7 +4,6 @@ planner."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -31,7 +30,10 @@ BAKED_SIZE = 64
 SUM_OF_TERMS = "sum of terms"
 _MERGED_OR_NOT = "merged or not"  # a row-wise class's template, until ragged classes are merged
 STACKED_ROWS = "stacked rows"  # in the signature of ``ops.stack``'s Concats, for their number of rows
-_KEY = operator.attrgetter("key")
+
+
+class _NotARound(Exception):
+    """``round_classes``' refusal: the round is signed."""
 
 
 def classes_of(records: Sequence[Record], class_of: dict[Hashable, int], make: Callable[[Record], int],
@@ -77,33 +79,28 @@ class Classing:
         where that does not hold: ``sign`` plans the round."""
         if not records or any(preds):
             return None
-        by_key: dict[Hashable, list[int]] = {}
-        for i, key in enumerate(map(_KEY, records)):
-            members = by_key.get(key)
-            if members is None:
-                learnt = self.known.get(key)  # new to the plans (signing learns it), or not batched on its own
-                if learnt is None or type(learnt[1]) is not Template or learnt[1].solo:
-                    return None
-                members = by_key[key] = []
-            members.append(i)
-        by_class: dict[int, list[int]] = {}
-        for members in by_key.values():
-            cls = self._class(records[members[0]])  # learnt again where its attributes changed since
+
+        def plain_class(record: Record) -> int:  # ``_class``, for a key learnt with a class that batches on its own
+            if record.key not in self.known:  # new: signing learns it
+                raise _NotARound
+            cls = self._class(record)  # learnt again where its attributes changed since
             template = self.templates[cls]  # a ragged or one-row class's is ``_MERGED_OR_NOT`` until signed
             if type(template) is not Template or template.solo:
-                return None
-            by_class.setdefault(cls, []).extend(members)
-        record_class = [0] * len(records)
-        launches = []
-        for cls in sorted(by_class):
-            members = by_class[cls]
-            if len(by_class) < len(by_key):  # keys of one signature: their members in trace order
-                members.sort()
-            for i in members:
-                record_class[i] = cls
-            launches.append(members)
+                raise _NotARound
+            return cls
+
+        record_class: list[int] = []
+        try:  # ``sign``'s loop over the records, keys to classes
+            (SCHEDULING.classes if SCHEDULING is not None else classes_of)(records, {}, plain_class, record_class)
+        except _NotARound:
+            return None
         self.record_class = record_class
-        return launches
+        if record_class.count(record_class[0]) == len(record_class):  # one class (a parser's scoring round)
+            return [list(range(len(records)))]
+        launches: dict[int, list[int]] = {}  # classes are numbered as they first appear
+        for i, cls in enumerate(record_class):
+            launches.setdefault(cls, []).append(i)
+        return list(launches.values())
 
     def _class(self, record: Record) -> int:
         """The class of a record's signature, made (with its template) when new."""
