@@ -180,7 +180,7 @@ def run_server(model_path: str, flags: list[str], args: argparse.Namespace, xs, 
                "--backend", args.backend, "--max-batch-size", str(args.max_batch_size),
                "--batch-wait-timeout-s", str(args.batch_wait_timeout_s), "--max-queue", str(4 * args.clients),
                "--instances", str(args.instances), "--http", args.http]
-    command += flags
+    command += flags + (["--threads", str(args.threads)] if args.threads else [])
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=arguments.integer(1), default=256, help="an exported model's width")
     parser.add_argument("--instances", type=arguments.integer(1), default=1,
                         help="sessions of the model in every server (``autobatch serve --instances``)")
+    parser.add_argument("--threads", type=arguments.integer(1),
+                        help="onnxruntime's intra-op threads in every server's session (``autobatch serve --threads``)")
     parser.add_argument("--http", choices=["auto", "h11", "httptools"], default="auto",
                         help="every server's HTTP/1.1 parser (``autobatch serve --http``)")
     parser.add_argument("--worker", choices=["process", "thread"],
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.requests} requests to {args.model}, lengths {lengths.min()}..{lengths.max()} "
               f"({len(set(lengths.tolist()))} distinct), {args.clients} concurrent clients, backend {args.backend}, "
               f"max batch {args.max_batch_size}, wait {args.batch_wait_timeout_s * 1e3:g} ms, {args.instances} instance(s), "
-              f"batching servers' worker: {args.worker or 'thread (the default)'}, HTTP parser {args.http}")
+              f"onnxruntime threads {args.threads or 'the default'}, batching servers' worker: {args.worker or 'thread (the default)'}, HTTP parser {args.http}")
         print(f"{'server':<16}{'requests/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>12}{'alone':>7}"
               f"{'ok':>6}{'lost':>6}{'wrong':>7}")
         lost_or_wrong = 0

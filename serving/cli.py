@@ -18,7 +18,7 @@ def registry_from_args(args: argparse.Namespace) -> ModelRegistry:
                             max_queue=args.max_queue, request_timeout_s=args.request_timeout_s,
                             batching=not args.no_batching, backend=args.backend,
                             max_unrolled_nodes=args.max_unrolled_nodes, alone_when_faster=not args.always_batched,
-                            worker=args.worker, instances=args.instances))
+                            worker=args.worker, instances=args.instances, threads=args.threads))
     return registry
 
 

@@ -86,6 +86,8 @@ class Engine:
     batched). ``instances`` sessions of the model (each loaded from ``model``:
     a path or an ONNX model), each with a worker thread of its own and its share of the cores,
     take batches from one queue, as Triton's instance count: a batch gathers while another runs.
+    ``threads``: each session's onnxruntime intra-op threads (None: the cores shared among the
+    instances; one instance alone, onnxruntime's choice).
     ``worker="process"`` runs each in a process of its own (``serving.worker_process``; the model
     given as a path), started again when a run crashes it (spawned: a script that makes such an
     engine needs the ``if __name__ == "__main__":`` guard). Invariant: the engine's state is touched
@@ -96,9 +98,10 @@ class Engine:
                  batch_wait_timeout_s: float = 0.005, max_queue_delay_microseconds: int | None = None,
                  max_queue: int = 1024, request_timeout_s: float | None = 30.0, batching: bool = True,
                  backend: str = "numpy", max_unrolled_nodes: int = MAX_UNROLLED_NODES,
-                 alone_when_faster: bool | float = True, worker: str = "thread", instances: int = 1) -> None:
-        if max_batch_size < 1 or max_queue < 1 or instances < 1:
-            raise ValueError("max_batch_size, max_queue and instances must be positive")
+                 alone_when_faster: bool | float = True, worker: str = "thread", instances: int = 1,
+                 threads: int | None = None) -> None:
+        if max_batch_size < 1 or max_queue < 1 or instances < 1 or (threads is not None and threads < 1):
+            raise ValueError("max_batch_size, max_queue, instances and threads must be positive")
         if max_queue_delay_microseconds is not None:
             batch_wait_timeout_s = max_queue_delay_microseconds / 1e6
         if batch_wait_timeout_s < 0:
@@ -107,7 +110,8 @@ class Engine:
             raise ValueError(f"{instances} instances need a model each loads: a path or an ONNX model, not "
                              f"{type(model).__name__}")
         # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
-        threads = max(1, usable_cores() // instances) if instances > 1 else None
+        if threads is None and instances > 1:
+            threads = max(1, usable_cores() // instances)
         served = margin(alone_when_faster, SERVED_MARGIN)  # alone must win by more in a server
         alone_when_faster = served if served is not None else False
         self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)

@@ -258,6 +258,21 @@ def test_instances_of_a_model_share_the_cores_and_answer_as_alone(tmp_path):
             np.testing.assert_allclose(outputs[name], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("instances", [1, 2])
+def test_threads_from_the_command_line_reach_every_session(tmp_path, instances):
+    from autobatch.cli import build_parser
+    from autobatch.serving.cli import registry_from_args
+
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    args = build_parser().parse_args(["serve", str(tmp_path / "model.onnx"), "--backend", "onnxruntime",
+                                      "--instances", str(instances), "--threads", "1"])
+    (engine,) = registry_from_args(args).engines.values()
+    assert len(engine.runners) == instances
+    assert all(runner.session.ort_settings.options.intra_op_num_threads == 1 for runner in engine.runners)
+    with pytest.raises(ValueError, match="threads must be positive"):
+        Engine(str(tmp_path / "model.onnx"), backend="onnxruntime", threads=0)
+
+
 def test_instances_need_a_model_each_can_load():
     with pytest.raises(ValueError, match="2 instances need a model each loads"):
         Engine(InferenceSession(MODEL), instances=2)
