@@ -20,13 +20,14 @@ rounding (a Softmax over the rows, summed over them: seed 611481) comes out as t
 times up to 1/sqrt(epsilon); a computed input gets a ramp added first, as a bias would, so that
 its rows vary.
 
-    python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M] [--node-level]
+    python -m tests.fuzz --programs 10000 --backends numpy onnxruntime [--seed 0] [--minutes M] [--node-level] [--poison-arenas]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import random
 import sys
 import time
@@ -42,6 +43,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from autobatch import InferenceSession
+from tests.poison import poisoned_arenas
 
 WIDTH, VOCAB, HIDDEN = 4, 8, 3
 Rows = tuple[int, int]  # k * N + c rows
@@ -599,13 +601,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="programs of the steps a model planned once per node takes (most of their batches go so)")
     parser.add_argument("--kinds", nargs="+", choices=[*STEPS, *LATER_STEPS],
                         help="programs of these steps only (the later ones, such as select, are drawn only so)")
+    parser.add_argument("--poison-arenas", action="store_true",
+                        help="fill every arena with garbage before a plan runs (tests/poison.py)")
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs must be positive")
     start = time.perf_counter()
     kinds = tuple(args.kinds) if args.kinds else NODE_LEVEL if args.node_level else None
-    outcomes = fuzz(range(args.seed, args.seed + args.programs), args.backends, args.minutes, progress=True,
-                    kinds=kinds)
+    with poisoned_arenas() if args.poison_arenas else contextlib.nullcontext():
+        outcomes = fuzz(range(args.seed, args.seed + args.programs), args.backends, args.minutes, progress=True,
+                        kinds=kinds)
     print(report(outcomes))
     print(f"{time.perf_counter() - start:.0f} s")
     return 1 if any(o.mismatches or o.errors for o in outcomes.values()) else 0
