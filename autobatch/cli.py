@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "and its share of the cores (Triton's instance count): a batch gathers while another runs")
     serve.add_argument("--threads", type=positive,
                        help="onnxruntime's intra-op threads in each session of a model (default: the cores shared "
-                            "among its instances; one instance: onnxruntime's choice)")
+                            "among its instances; one instance: every core but one, the event loop's)")
     serve.add_argument("--worker", choices=["thread", "process"], default="thread",
                        help="where each model runs: a thread of the server, or a process of its own, which is "
                             "started again if a run crashes it and killed if a run goes past its deadline")

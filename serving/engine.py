@@ -87,7 +87,8 @@ class Engine:
     a path or an ONNX model), each with a worker thread of its own and its share of the cores,
     take batches from one queue, as Triton's instance count: a batch gathers while another runs.
     ``threads``: each session's onnxruntime intra-op threads (None: the cores shared among the
-    instances; one instance alone, onnxruntime's choice).
+    instances; one instance takes every core but one, which the event loop reading and answering
+    requests needs under load: benchmarks/README.md, "What batching off is measured against").
     ``worker="process"`` runs each in a process of its own (``serving.worker_process``; the model
     given as a path), started again when a run crashes it (spawned: a script that makes such an
     engine needs the ``if __name__ == "__main__":`` guard). Invariant: the engine's state is touched
@@ -109,9 +110,9 @@ class Engine:
         if instances > 1 and not isinstance(model, (str, bytes, onnx.ModelProto)):
             raise ValueError(f"{instances} instances need a model each loads: a path or an ONNX model, not "
                              f"{type(model).__name__}")
-        # Instances share the cores: each session's onnxruntime takes its share (one alone: its own choice).
-        if threads is None and instances > 1:
-            threads = max(1, usable_cores() // instances)
+        # Instances share the cores: each session's onnxruntime takes its share.
+        if threads is None:
+            threads = max(1, usable_cores() // instances if instances > 1 else usable_cores() - 1)
         served = margin(alone_when_faster, SERVED_MARGIN)  # alone must win by more in a server
         alone_when_faster = served if served is not None else False
         self.name, self.runner = _as_runner(model, backend, max_unrolled_nodes, alone_when_faster, worker, threads)

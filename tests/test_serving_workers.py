@@ -265,12 +265,18 @@ def test_threads_from_the_command_line_reach_every_session(tmp_path, instances):
 
     onnx.save(MODEL, tmp_path / "model.onnx")
     args = build_parser().parse_args(["serve", str(tmp_path / "model.onnx"), "--backend", "onnxruntime",
-                                      "--instances", str(instances), "--threads", "1"])
+                                      "--instances", str(instances), "--threads", "3"])  # no default's number
     (engine,) = registry_from_args(args).engines.values()
     assert len(engine.runners) == instances
-    assert all(runner.session.ort_settings.options.intra_op_num_threads == 1 for runner in engine.runners)
+    assert all(runner.session.ort_settings.options.intra_op_num_threads == 3 for runner in engine.runners)
     with pytest.raises(ValueError, match="threads must be positive"):
         Engine(str(tmp_path / "model.onnx"), backend="onnxruntime", threads=0)
+
+
+def test_one_instance_leaves_the_event_loop_a_core(tmp_path):
+    onnx.save(MODEL, tmp_path / "model.onnx")
+    engine = Engine(str(tmp_path / "model.onnx"), backend="onnxruntime")
+    assert engine.runner.session.ort_settings.options.intra_op_num_threads == max(1, usable_cores() - 1)
 
 
 def test_instances_need_a_model_each_can_load():
