@@ -30,10 +30,15 @@ static PyObject *elementwise_python; /* ops._python_elementwise: everything but 
 static PyObject *tensors_python;    /* ops._python_tensors: likewise */
 static PyObject *pick_python, *lookup_python;  /* ops._python_pick, ops._python_lookup: likewise */
 static PyObject *matmul_python;     /* ops._python_matmul: likewise */
+static PyObject *split_python;      /* ops._python_split: likewise */
+static PyObject *split_attributes;  /* ops._split_attributes(axis, parts): a Split's attributes, made once */
+static PyObject *gather_attributes; /* ops._AXIS_0: a pick's */
+static PyObject *int64_type;        /* numpy.int64: a pick's position (``Tracer.constant``'s key) */
 
 static PyObject *empty_string, *empty_tuple;
 static PyObject *str_reads, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
-    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows, *str_matmul, *str_parameters;
+    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows, *str_matmul, *str_parameters,
+    *str_gather, *str_split, *str_constant, *dtype_keyword;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
     *str_entries;
 
@@ -601,6 +606,11 @@ static PyObject *recorder_record_call(RecorderObject *self, PyObject *const *arg
     return do_record_call(self, args[0], args[1]);
 }
 
+/* ``record_outputs`` of shapes and dtypes given as tuples (new references taken) and their types
+   (a new reference to a list, each ``tensor_type(dtype, shape)``). */
+static PyObject *record_typed_outputs(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shapes,
+                                      PyObject *dtypes, PyObject *types, PyObject *attributes);
+
 /* Tracer.record_outputs(op_type, inputs, shapes, dtypes, attrs=None): ``record_one`` of an op
    with any number of outputs; a list of them. */
 static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -608,21 +618,55 @@ static PyObject *recorder_record_outputs(RecorderObject *self, PyObject *const *
     PyObject *attributes = record_attributes(self, args, nargs, kwnames,
                                              "record_outputs(op_type, inputs, shapes, dtypes, attrs=None)");
     if (attributes == NULL) return NULL;
-    PyObject *op_type = args[0], *names = NULL, *entries = NULL, *types = NULL, *seen = NULL, *key = NULL;
     PyObject *shapes = PySequence_Tuple(args[2]), *dtypes = shapes == NULL ? NULL : PySequence_Tuple(args[3]);
-    PyObject *preds = PyList_New(0), *attributes_id = attributes_id_of(attributes), *result = NULL;
-    if (dtypes == NULL || preds == NULL || attributes_id == NULL) goto done;
-    if (read_operands(self, args[1], &names, preds, &entries) < 0) goto done;
+    PyObject *types = NULL;
+    if (dtypes == NULL) goto error;
     Py_ssize_t n = PyTuple_GET_SIZE(shapes) < PyTuple_GET_SIZE(dtypes) ? PyTuple_GET_SIZE(shapes)
                                                                        : PyTuple_GET_SIZE(dtypes), k;
     types = PyList_New(n);
-    if (types == NULL) goto done;
+    if (types == NULL) goto error;
     for (k = 0; k < n; k++) {
         PyObject *type_args[] = {PyTuple_GET_ITEM(dtypes, k), PyTuple_GET_ITEM(shapes, k)};
         PyObject *vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
-        if (vtype == NULL) goto done;
+        if (vtype == NULL) goto error;
         PyList_SET_ITEM(types, k, vtype);
     }
+    return record_typed_outputs(self, args[0], args[1], shapes, dtypes, types, attributes);
+error:
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
+    Py_XDECREF(types);
+    return NULL;
+}
+
+/* An op of ``count`` outputs of one shape and dtype (a Split into equal parts): their type made once. */
+static PyObject *do_record_outputs(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shape,
+                                   PyObject *dtype, Py_ssize_t count, PyObject *attributes) {
+    PyObject *type_args[] = {dtype, shape};
+    PyObject *vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
+    PyObject *shapes = PyTuple_New(count), *dtypes = PyTuple_New(count), *types = PyList_New(count);
+    if (vtype == NULL || shapes == NULL || dtypes == NULL || types == NULL) {
+        Py_XDECREF(vtype);
+        Py_XDECREF(shapes);
+        Py_XDECREF(dtypes);
+        Py_XDECREF(types);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyTuple_SET_ITEM(shapes, k, Py_NewRef(shape));
+        PyTuple_SET_ITEM(dtypes, k, Py_NewRef(dtype));
+        PyList_SET_ITEM(types, k, Py_NewRef(vtype));
+    }
+    Py_DECREF(vtype);
+    return record_typed_outputs(self, op_type, inputs, shapes, dtypes, types, attributes);
+}
+
+static PyObject *record_typed_outputs(RecorderObject *self, PyObject *op_type, PyObject *inputs, PyObject *shapes,
+                                      PyObject *dtypes, PyObject *types, PyObject *attributes) {
+    PyObject *names = NULL, *entries = NULL, *seen = NULL, *key = NULL;
+    PyObject *preds = PyList_New(0), *attributes_id = attributes_id_of(attributes), *result = NULL;
+    if (preds == NULL || attributes_id == NULL) goto done;
+    if (read_operands(self, inputs, &names, preds, &entries) < 0) goto done;
     PyObject *head[] = {op_type, empty_string, attributes_id};
     if (self->reuse_calls && (seen = seen_key(head, 3, names)) == NULL) goto done;
     key = PyTuple_Pack(4, empty_string, op_type, attributes_id, entries);
@@ -786,7 +830,8 @@ error:
 
 static int ops_configured(void) {
     if (elementwise_python != NULL && tensors_python != NULL && pick_python != NULL && lookup_python != NULL
-        && matmul_python != NULL && configured())
+        && matmul_python != NULL && split_python != NULL && split_attributes != NULL && gather_attributes != NULL
+        && int64_type != NULL && configured())
         return 1;
     PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_ops()");
     return 0;
@@ -903,8 +948,115 @@ static PyObject *row_else(PyObject *python, PyObject *const *args, Py_ssize_t na
     return PyObject_Vectorcall(python, args, nargs, NULL);
 }
 
+/* ``ops.pick`` of a traced tensor's element or row by a Python int in range: a Gather of the
+   batch's int64 scalar literal (``Tracer.constant``'s, made by it the first time). A new
+   reference; NULL with no error set where it is not that case (the Python then: its errors). */
+static PyObject *tensor_pick(PyObject *x, PyObject *i) {
+    if (Py_TYPE(x) != (PyTypeObject *)tensor_class || !PyLong_CheckExact(i)) return NULL;
+    PyObject *inputs = common_operands(&x, 1), *scalars = NULL, *key = NULL, *position = NULL;
+    PyObject *row = NULL, *result = NULL;
+    if (inputs == NULL) return NULL;
+    TensorObject *t = (TensorObject *)PyList_GET_ITEM(inputs, 0);
+    PyObject *shape = t->shape;
+    if (shape == NULL || !PyTuple_CheckExact(shape) || PyTuple_GET_SIZE(shape) == 0) goto done;
+    Py_ssize_t length = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0));
+    int overflow = 0;
+    long long index = PyLong_AsLongLongAndOverflow(i, &overflow);
+    if (PyErr_Occurred()) {  /* (a shape of ints: not expected) */
+        PyErr_Clear();
+        goto done;
+    }
+    if (overflow || index < -(long long)length || index >= (long long)length) goto done;  /* the Python's error */
+    PyObject *batch = t->batch;  /* held by t, held by inputs */
+    scalars = PyObject_GetAttr(batch, str_scalars);
+    if (scalars == NULL || !PyDict_Check(scalars)) {
+        PyErr_Clear();
+        goto done;
+    }
+    key = PyTuple_Pack(3, (PyObject *)&PyLong_Type, i, int64_type);  /* constant(i, dtype=np.int64)'s key */
+    if (key == NULL) goto error;
+    position = PyDict_GetItemWithError(scalars, key);
+    if (position != NULL) {
+        Py_INCREF(position);
+    } else if (PyErr_Occurred()) {
+        goto error;
+    } else {
+        PyObject *call[] = {batch, i, int64_type};
+        position = PyObject_VectorcallMethod(str_constant, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, dtype_keyword);
+        if (position == NULL) goto error;
+    }
+    if (Py_TYPE(position) != (PyTypeObject *)tensor_class || !recorder_ready((RecorderObject *)batch)) goto error;
+    row = PyTuple_GetSlice(shape, 1, PyTuple_GET_SIZE(shape));
+    if (row == NULL || PyList_Append(inputs, position) < 0) goto error;
+    result = do_record_one((RecorderObject *)batch, str_gather, inputs, row, t->dtype, gather_attributes, NULL);
+    goto done;
+error:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a pick's position is not a tensor of its batch");
+done:
+    Py_DECREF(inputs);
+    Py_XDECREF(scalars);
+    Py_XDECREF(key);
+    Py_XDECREF(position);
+    Py_XDECREF(row);
+    return result;
+}
+
 static PyObject *pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    PyObject *picked = nargs == 2 ? tensor_pick(args[0], args[1]) : NULL;
+    if (picked != NULL || PyErr_Occurred()) return picked;
     return row_else(pick_python, args, nargs);
+}
+
+/* ops.split(x, parts, axis) of a traced tensor into equal parts along an axis that holds them:
+   one Split record, its outputs alike (one type, made once); the Python otherwise (its errors). */
+static PyObject *split(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    if (nargs != 3 || !PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2]))
+        return PyObject_Vectorcall(split_python, args, nargs, NULL);
+    PyObject *inputs = common_operands(args, 1), *part = NULL, *attributes = NULL, *result = NULL;
+    if (inputs == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(split_python, args, nargs, NULL);
+    }
+    TensorObject *t = (TensorObject *)PyList_GET_ITEM(inputs, 0);
+    PyObject *shape = t->shape;
+    Py_ssize_t parts = PyLong_AsSsize_t(args[1]), axis = PyLong_AsSsize_t(args[2]), rank, extent = -1;
+    if (PyErr_Occurred()) PyErr_Clear();  /* (out of range: the Python says so) */
+    else if (shape != NULL && PyTuple_CheckExact(shape)) {
+        rank = PyTuple_GET_SIZE(shape);
+        if (axis < 0) axis += rank;
+        if (0 <= axis && axis < rank && parts > 0) {
+            extent = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, axis));
+            if (extent < 0 || extent % parts) {
+                PyErr_Clear();
+                extent = -1;
+            }
+        }
+    }
+    if (extent < 0) {
+        Py_DECREF(inputs);
+        return PyObject_Vectorcall(split_python, args, nargs, NULL);
+    }
+    PyObject *batch = t->batch;
+    part = PyTuple_New(PyTuple_GET_SIZE(shape));
+    if (part == NULL) goto done;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(shape); k++) {
+        PyObject *dim = k == axis ? PyLong_FromSsize_t(extent / parts) : Py_NewRef(PyTuple_GET_ITEM(shape, k));
+        if (dim == NULL) goto done;
+        PyTuple_SET_ITEM(part, k, dim);
+    }
+    PyObject *axis_parts[] = {PyLong_FromSsize_t(axis), args[1]};
+    if (axis_parts[0] == NULL) goto done;
+    attributes = PyObject_Vectorcall(split_attributes, axis_parts, 2, NULL);
+    Py_DECREF(axis_parts[0]);
+    if (attributes == NULL || !recorder_ready((RecorderObject *)batch)) goto done;
+    result = do_record_outputs((RecorderObject *)batch, str_split, inputs, part, t->dtype, parts, attributes);
+done:
+    Py_DECREF(inputs);
+    Py_XDECREF(part);
+    Py_XDECREF(attributes);
+    return result;
 }
 
 static PyObject *lookup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -1110,8 +1262,10 @@ static PyObject *configure_records(PyObject *module, PyObject *args) {
 
 static PyObject *configure_ops(PyObject *module, PyObject *args) {
     PyObject *parameter, *current, *python, *python_tensors, *python_pick, *python_lookup, *python_matmul;
-    if (!PyArg_ParseTuple(args, "O!OOOOOO:configure_ops", &PyType_Type, &parameter, &current, &python, &python_tensors,
-                          &python_pick, &python_lookup, &python_matmul))
+    PyObject *python_split, *split_attrs, *gather_attrs, *int64;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOO!O:configure_ops", &PyType_Type, &parameter, &current, &python,
+                          &python_tensors, &python_pick, &python_lookup, &python_matmul, &python_split, &split_attrs,
+                          &PyDict_Type, &gather_attrs, &int64))
         return NULL;
     if (!PyContextVar_CheckExact(current)) {
         PyErr_SetString(PyExc_TypeError, "configure_ops: the current batch must be a ContextVar");
@@ -1124,6 +1278,10 @@ static PyObject *configure_ops(PyObject *module, PyObject *args) {
     set_global(&pick_python, python_pick);
     set_global(&lookup_python, python_lookup);
     set_global(&matmul_python, python_matmul);
+    set_global(&split_python, python_split);
+    set_global(&split_attributes, split_attrs);
+    set_global(&gather_attributes, gather_attrs);
+    set_global(&int64_type, int64);
     Py_RETURN_NONE;
 }
 
@@ -1132,10 +1290,12 @@ static PyMethodDef module_methods[] = {
      "configure_records(Tensor, Record, NO_ATTRIBUTES, tensor_type): the classes records are made of."},
     {"configure_ops", configure_ops, METH_VARARGS,
      "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors, python_pick, python_lookup, "
-     "python_matmul): what the ops need."},
+     "python_matmul, python_split, split_attributes, gather_attributes, int64): what the ops need."},
+    {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL,
+     "split(x, parts, axis): ops.split's common case in C."},
     {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL, "matmul(a, b): ops.matmul's common case in C."},
     {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL,
-     "pick(x, i): ops.pick's known row of a parameter in C."},
+     "pick(x, i): ops.pick's known row of a parameter, and a tensor's element or row by an int, in C."},
     {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL,
      "lookup(table, i): ops.lookup's known row of a parameter in C."},
     {"elementwise", (PyCFunction)(void (*)(void))elementwise, METH_FASTCALL,
@@ -1177,11 +1337,15 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_op_type = PyUnicode_InternFromString("op_type");
     str_domain = PyUnicode_InternFromString("domain");
     str_entries = PyUnicode_InternFromString("entries");
+    str_gather = PyUnicode_InternFromString("Gather");
+    str_split = PyUnicode_InternFromString("Split");
+    str_constant = PyUnicode_InternFromString("constant");
+    dtype_keyword = Py_BuildValue("(s)", "dtype");
     if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
         || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes
         || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
-        || !str_entries)
+        || !str_entries || !str_gather || !str_split || !str_constant || !dtype_keyword)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);
     if (module == NULL) return NULL;

@@ -226,14 +226,34 @@ def stack(xs: Sequence[Operand]) -> Tensor:
 
 
 def split(x: Operand, parts: int, axis: int = 0) -> list[Tensor]:
+    """``parts`` equal parts of ``x`` along ``axis``."""
+    return _split(x, parts, axis)
+
+
+def _python_split(x: Operand, parts: int, axis: int = 0) -> list[Tensor]:
     (t,) = _tensors("Split", x)
+    try:
+        parts = operator.index(parts)
+    except TypeError:
+        raise TraceError(f"Split: parts must be an int, not {type(parts).__name__}") from None
     axis = axis + t.ndim if axis < 0 else axis
-    if not 0 <= axis < t.ndim or t.shape[axis] % parts:
+    if not 0 <= axis < t.ndim or parts < 1 or t.shape[axis] % parts:
         raise TraceError(f"Split: axis {axis} of shape {t.shape} does not split into {parts} equal parts")
     shape = list(t.shape)
     shape[axis] //= parts
     return t.batch.record_outputs("Split", [t], [tuple(shape)] * parts, [t.dtype] * parts,
-                                  attributes(axis=axis, num_outputs=parts))
+                                  _split_attributes(axis, parts))
+
+
+_SPLITS: dict[tuple[int, int], dict] = {}
+
+
+def _split_attributes(axis: int, parts: int) -> dict:
+    """``attributes(axis=axis, num_outputs=parts)``, made once a pair."""
+    made = _SPLITS.get((axis, parts))
+    if made is None:
+        made = _SPLITS[axis, parts] = attributes(axis=axis, num_outputs=parts)
+    return made
 
 
 def reshape(x: Operand, shape: Sequence[int]) -> Tensor:
@@ -323,16 +343,18 @@ def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
 
 # Where the recorder is compiled, the common cases of these run in C (tensors of one batch and
 # dtype; elementwise of one shape; matmul of [k] or [m, k] by [k, n]; a row looked up before in
-# the batch), and everything else through the Python functions above, which C calls.
+# the batch; a tensor's element or row by an int; a split into equal parts), and everything else
+# through the Python functions above, which C calls.
 if recorder.compiled:
     recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors, _python_pick,
-                                    _python_lookup, _python_matmul)
-    _tensors, _elementwise, _matmul, _pick, _lookup = (
+                                    _python_lookup, _python_matmul, _python_split, _split_attributes, _AXIS_0,
+                                    np.int64)
+    _tensors, _elementwise, _matmul, _pick, _lookup, _split = (
         recorder.compiled.operands, recorder.compiled.elementwise, recorder.compiled.matmul, recorder.compiled.pick,
-        recorder.compiled.lookup)
+        recorder.compiled.lookup, recorder.compiled.split)
 else:
-    _tensors, _elementwise, _matmul, _pick, _lookup = (
-        _python_tensors, _python_elementwise, _python_matmul, _python_pick, _python_lookup)
+    _tensors, _elementwise, _matmul, _pick, _lookup, _split = (
+        _python_tensors, _python_elementwise, _python_matmul, _python_pick, _python_lookup, _python_split)
 
 
 def pick(x: Operand, i: Any) -> Tensor:

@@ -36,6 +36,7 @@ def shifted(n, k):
 
 
 def small_programs(batch: Tracer) -> list:
+    global x, m  # read again by main's errors
     x = batch.constant(RNG.standard_normal(4).astype(np.float32))
     m = batch.constant(RNG.standard_normal((3, 4)).astype(np.float32))
     n = batch.constant(np.arange(6, dtype=np.int64).reshape(2, 3))
@@ -54,6 +55,8 @@ def small_programs(batch: Tracer) -> list:
         ops.matmul(x, W), ops.matmul(x, W), ops.matmul(W, W), ops.matmul(B, W),
         ops.matmul(ops.stack([m, m]), W),  # batch axes: the Python's
         *ops.split(x, 2), *ops.split(x, 2), *ops.split(m, 3), ops.concat([m, m], axis=1), ops.concat([x, x, h]),
+        *ops.split(m, 2, axis=1), *ops.split(m, 4, -1), *ops.split(x, np.int64(4)), *ops.split(n, 3, axis=1),
+        m[2], m[-1], x[-4], n[1], ops.pick(x, 1), ops.pick(m, np.int64(0)), x[True],  # picks by int: each type's
         shared + h, shared * shared, x - shared,  # a shared operand first, only shared ones: the result's type
     ]
     with batch.instance():
@@ -91,6 +94,12 @@ def main() -> None:
             ops.add(outs[0], other.constant(np.zeros(4, np.float32)))
         except TraceError as error:
             print("error:", error)
+        for bad in (lambda: x[4], lambda: m[-4], lambda: ops.split(x, 3), lambda: ops.split(x, 0),
+                    lambda: ops.split(m, 2, axis=2), lambda: ops.split(x, 2.0), lambda: ops.pick(x, 2**70)):
+            try:
+                bad()
+            except TraceError as error:
+                print("error:", error)
         lost = ops.tanh(outs[0])
         batch.discard()
         try:
