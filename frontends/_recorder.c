@@ -34,11 +34,13 @@ static PyObject *split_python;      /* ops._python_split: likewise */
 static PyObject *split_attributes;  /* ops._split_attributes(axis, parts): a Split's attributes, made once */
 static PyObject *gather_attributes; /* ops._AXIS_0: a pick's */
 static PyObject *int64_type;        /* numpy.int64: a pick's position (``Tracer.constant``'s key) */
+static PyObject *concat_python;     /* ops._python_concat: beyond the common case */
+static PyObject *axis_attributes;   /* ops._axis(axis): a Concat's attributes, made once an axis */
 
 static PyObject *empty_string, *empty_tuple;
 static PyObject *str_reads, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
     *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows, *str_matmul, *str_parameters,
-    *str_gather, *str_split, *str_constant, *dtype_keyword;
+    *str_gather, *str_split, *str_constant, *str_concat, *dtype_keyword;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
     *str_entries;
 
@@ -831,7 +833,7 @@ error:
 static int ops_configured(void) {
     if (elementwise_python != NULL && tensors_python != NULL && pick_python != NULL && lookup_python != NULL
         && matmul_python != NULL && split_python != NULL && split_attributes != NULL && gather_attributes != NULL
-        && int64_type != NULL && configured())
+        && int64_type != NULL && concat_python != NULL && axis_attributes != NULL && configured())
         return 1;
     PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_ops()");
     return 0;
@@ -1006,6 +1008,67 @@ static PyObject *pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *picked = nargs == 2 ? tensor_pick(args[0], args[1]) : NULL;
     if (picked != NULL || PyErr_Occurred()) return picked;
     return row_else(pick_python, args, nargs);
+}
+
+/* ops.concat(xs, axis) of traced tensors of one batch and dtype whose shapes agree but along
+   ``axis``: one Concat record; the Python otherwise (its errors, scalars, other batches). */
+static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    if (nargs != 2 || !PyLong_CheckExact(args[1]) || !(PyList_CheckExact(args[0]) || PyTuple_CheckExact(args[0])))
+        return PyObject_Vectorcall(concat_python, args, nargs, NULL);
+    PyObject *xs = PySequence_Tuple(args[0]);  /* its own: a list's items could change while Python runs */
+    if (xs == NULL) return NULL;
+    PyObject *inputs = common_operands(&PyTuple_GET_ITEM(xs, 0), PyTuple_GET_SIZE(xs));
+    PyObject *shape = NULL, *attributes = NULL, *axis_object = NULL, *result = NULL;
+    Py_DECREF(xs);
+    if (inputs == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(concat_python, args, nargs, NULL);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(inputs), k, d, length = 0;
+    TensorObject *first = (TensorObject *)PyList_GET_ITEM(inputs, 0);
+    Py_ssize_t axis = PyLong_AsSsize_t(args[1]), rank = first->shape != NULL && PyTuple_CheckExact(first->shape)
+                                                            ? PyTuple_GET_SIZE(first->shape) : -1;
+    int fits = !PyErr_Occurred() && rank > 0;
+    PyErr_Clear();
+    if (fits && axis < 0) axis += rank;
+    fits = fits && 0 <= axis && axis < rank;
+    for (k = 0; k < n && fits; k++) {
+        PyObject *its = ((TensorObject *)PyList_GET_ITEM(inputs, k))->shape;
+        if (its == NULL || !PyTuple_CheckExact(its) || PyTuple_GET_SIZE(its) != rank) {
+            fits = 0;
+            break;
+        }
+        for (d = 0; d < rank && fits; d++) {
+            Py_ssize_t dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(its, d));
+            if (dim < 0) fits = 0;  /* (an error: cleared below, the Python says what is wrong) */
+            else if (d == axis) length += dim;
+            else if (dim != PyLong_AsSsize_t(PyTuple_GET_ITEM(first->shape, d))) fits = 0;
+        }
+    }
+    if (!fits) {
+        PyErr_Clear();
+        Py_DECREF(inputs);
+        return PyObject_Vectorcall(concat_python, args, nargs, NULL);
+    }
+    PyObject *batch = first->batch;
+    shape = PyTuple_New(rank);
+    if (shape == NULL) goto done;
+    for (d = 0; d < rank; d++) {
+        PyObject *dim = d == axis ? PyLong_FromSsize_t(length) : Py_NewRef(PyTuple_GET_ITEM(first->shape, d));
+        if (dim == NULL) goto done;
+        PyTuple_SET_ITEM(shape, d, dim);
+    }
+    axis_object = PyLong_FromSsize_t(axis);
+    attributes = axis_object == NULL ? NULL : PyObject_Vectorcall(axis_attributes, &axis_object, 1, NULL);
+    if (attributes == NULL || !recorder_ready((RecorderObject *)batch)) goto done;
+    result = do_record_one((RecorderObject *)batch, str_concat, inputs, shape, first->dtype, attributes, NULL);
+done:
+    Py_DECREF(inputs);
+    Py_XDECREF(shape);
+    Py_XDECREF(axis_object);
+    Py_XDECREF(attributes);
+    return result;
 }
 
 /* ops.split(x, parts, axis) of a traced tensor into equal parts along an axis that holds them:
@@ -1262,10 +1325,10 @@ static PyObject *configure_records(PyObject *module, PyObject *args) {
 
 static PyObject *configure_ops(PyObject *module, PyObject *args) {
     PyObject *parameter, *current, *python, *python_tensors, *python_pick, *python_lookup, *python_matmul;
-    PyObject *python_split, *split_attrs, *gather_attrs, *int64;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOOOO!O:configure_ops", &PyType_Type, &parameter, &current, &python,
+    PyObject *python_split, *split_attrs, *gather_attrs, *int64, *python_concat, *axis_attrs;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOO!OOO:configure_ops", &PyType_Type, &parameter, &current, &python,
                           &python_tensors, &python_pick, &python_lookup, &python_matmul, &python_split, &split_attrs,
-                          &PyDict_Type, &gather_attrs, &int64))
+                          &PyDict_Type, &gather_attrs, &int64, &python_concat, &axis_attrs))
         return NULL;
     if (!PyContextVar_CheckExact(current)) {
         PyErr_SetString(PyExc_TypeError, "configure_ops: the current batch must be a ContextVar");
@@ -1282,6 +1345,8 @@ static PyObject *configure_ops(PyObject *module, PyObject *args) {
     set_global(&split_attributes, split_attrs);
     set_global(&gather_attributes, gather_attrs);
     set_global(&int64_type, int64);
+    set_global(&concat_python, python_concat);
+    set_global(&axis_attributes, axis_attrs);
     Py_RETURN_NONE;
 }
 
@@ -1290,7 +1355,10 @@ static PyMethodDef module_methods[] = {
      "configure_records(Tensor, Record, NO_ATTRIBUTES, tensor_type): the classes records are made of."},
     {"configure_ops", configure_ops, METH_VARARGS,
      "configure_ops(Parameter, current_batch_var, python_elementwise, python_tensors, python_pick, python_lookup, "
-     "python_matmul, python_split, split_attributes, gather_attributes, int64): what the ops need."},
+     "python_matmul, python_split, split_attributes, gather_attributes, int64, python_concat, axis_attributes): "
+     "what the ops need."},
+    {"concat", (PyCFunction)(void (*)(void))concat, METH_FASTCALL,
+     "concat(xs, axis): ops.concat's common case in C."},
     {"split", (PyCFunction)(void (*)(void))split, METH_FASTCALL,
      "split(x, parts, axis): ops.split's common case in C."},
     {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL, "matmul(a, b): ops.matmul's common case in C."},
@@ -1339,13 +1407,15 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_entries = PyUnicode_InternFromString("entries");
     str_gather = PyUnicode_InternFromString("Gather");
     str_split = PyUnicode_InternFromString("Split");
+    str_concat = PyUnicode_InternFromString("Concat");
     str_constant = PyUnicode_InternFromString("constant");
     dtype_keyword = Py_BuildValue("(s)", "dtype");
     if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
         || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes
         || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
-        || !str_entries || !str_gather || !str_split || !str_constant || !dtype_keyword)
+        || !str_entries || !str_gather || !str_split || !str_constant || !str_concat
+        || !dtype_keyword)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);
     if (module == NULL) return NULL;

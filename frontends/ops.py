@@ -189,6 +189,11 @@ def affine(x: Operand, weight: Operand, bias: Operand) -> Tensor:
 
 # ----------------------------------------------------------------------------- structure
 def concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
+    """``xs`` joined along ``axis``; their other dimensions agree."""
+    return _concat(xs, axis)
+
+
+def _python_concat(xs: Sequence[Operand], axis: int = 0) -> Tensor:
     inputs = _tensors("Concat", *xs)
     first = inputs[0].shape
     rank = len(first)
@@ -343,18 +348,20 @@ def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
 
 # Where the recorder is compiled, the common cases of these run in C (tensors of one batch and
 # dtype; elementwise of one shape; matmul of [k] or [m, k] by [k, n]; a row looked up before in
-# the batch; a tensor's element or row by an int; a split into equal parts), and everything else
+# the batch; a tensor's element or row by an int; a split into equal parts; a concat whose shapes
+# agree), and everything else
 # through the Python functions above, which C calls.
 if recorder.compiled:
     recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors, _python_pick,
                                     _python_lookup, _python_matmul, _python_split, _split_attributes, _AXIS_0,
-                                    np.int64)
-    _tensors, _elementwise, _matmul, _pick, _lookup, _split = (
+                                    np.int64, _python_concat, _axis)
+    _tensors, _elementwise, _matmul, _pick, _lookup, _split, _concat = (
         recorder.compiled.operands, recorder.compiled.elementwise, recorder.compiled.matmul, recorder.compiled.pick,
-        recorder.compiled.lookup, recorder.compiled.split)
+        recorder.compiled.lookup, recorder.compiled.split, recorder.compiled.concat)
 else:
-    _tensors, _elementwise, _matmul, _pick, _lookup, _split = (
-        _python_tensors, _python_elementwise, _python_matmul, _python_pick, _python_lookup, _python_split)
+    _tensors, _elementwise, _matmul, _pick, _lookup, _split, _concat = (
+        _python_tensors, _python_elementwise, _python_matmul, _python_pick, _python_lookup, _python_split,
+        _python_concat)
 
 
 def pick(x: Operand, i: Any) -> Tensor:

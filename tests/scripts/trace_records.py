@@ -57,6 +57,8 @@ def small_programs(batch: Tracer) -> list:
         *ops.split(x, 2), *ops.split(x, 2), *ops.split(m, 3), ops.concat([m, m], axis=1), ops.concat([x, x, h]),
         *ops.split(m, 2, axis=1), *ops.split(m, 4, -1), *ops.split(x, np.int64(4)), *ops.split(n, 3, axis=1),
         m[2], m[-1], x[-4], n[1], ops.pick(x, 1), ops.pick(m, np.int64(0)), x[True],  # picks by int: each type's
+        ops.concat([m, m, m], -1), ops.concat((m, m[1:2])), ops.concat([x]), ops.concat([x, B]), ops.concat([B, x]),
+        ops.concat([x, np.ones(2, np.float32)]), ops.concat([n, n], axis=np.int64(1)),  # tuples, parameters, arrays
         shared + h, shared * shared, x - shared,  # a shared operand first, only shared ones: the result's type
     ]
     with batch.instance():
@@ -95,7 +97,9 @@ def main() -> None:
         except TraceError as error:
             print("error:", error)
         for bad in (lambda: x[4], lambda: m[-4], lambda: ops.split(x, 3), lambda: ops.split(x, 0),
-                    lambda: ops.split(m, 2, axis=2), lambda: ops.split(x, 2.0), lambda: ops.pick(x, 2**70)):
+                    lambda: ops.split(m, 2, axis=2), lambda: ops.split(x, 2.0), lambda: ops.pick(x, 2**70),
+                    lambda: ops.concat([m, x]), lambda: ops.concat([m, m[1:3]], axis=1), lambda: ops.concat([m], 2),
+                    lambda: ops.concat([m, ops.transpose(m)])):
             try:
                 bad()
             except TraceError as error:
