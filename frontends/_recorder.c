@@ -1010,6 +1010,22 @@ static PyObject *pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return row_else(pick_python, args, nargs);
 }
 
+/* ``shape`` (a tuple) with dimension ``axis`` made ``size``: a new tuple. */
+static PyObject *with_dimension(PyObject *shape, Py_ssize_t axis, Py_ssize_t size) {
+    Py_ssize_t rank = PyTuple_GET_SIZE(shape);
+    PyObject *made = PyTuple_New(rank);
+    if (made == NULL) return NULL;
+    for (Py_ssize_t d = 0; d < rank; d++) {
+        PyObject *dim = d == axis ? PyLong_FromSsize_t(size) : Py_NewRef(PyTuple_GET_ITEM(shape, d));
+        if (dim == NULL) {
+            Py_DECREF(made);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(made, d, dim);
+    }
+    return made;
+}
+
 /* ops.concat(xs, axis) of traced tensors of one batch and dtype whose shapes agree but along
    ``axis``: one Concat record; the Python otherwise (its errors, scalars, other batches). */
 static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -1052,13 +1068,8 @@ static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return PyObject_Vectorcall(concat_python, args, nargs, NULL);
     }
     PyObject *batch = first->batch;
-    shape = PyTuple_New(rank);
+    shape = with_dimension(first->shape, axis, length);
     if (shape == NULL) goto done;
-    for (d = 0; d < rank; d++) {
-        PyObject *dim = d == axis ? PyLong_FromSsize_t(length) : Py_NewRef(PyTuple_GET_ITEM(first->shape, d));
-        if (dim == NULL) goto done;
-        PyTuple_SET_ITEM(shape, d, dim);
-    }
     axis_object = PyLong_FromSsize_t(axis);
     attributes = axis_object == NULL ? NULL : PyObject_Vectorcall(axis_attributes, &axis_object, 1, NULL);
     if (attributes == NULL || !recorder_ready((RecorderObject *)batch)) goto done;
@@ -1102,13 +1113,8 @@ static PyObject *split(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         return PyObject_Vectorcall(split_python, args, nargs, NULL);
     }
     PyObject *batch = t->batch;
-    part = PyTuple_New(PyTuple_GET_SIZE(shape));
+    part = with_dimension(shape, axis, extent / parts);
     if (part == NULL) goto done;
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(shape); k++) {
-        PyObject *dim = k == axis ? PyLong_FromSsize_t(extent / parts) : Py_NewRef(PyTuple_GET_ITEM(shape, k));
-        if (dim == NULL) goto done;
-        PyTuple_SET_ITEM(part, k, dim);
-    }
     PyObject *axis_parts[] = {PyLong_FromSsize_t(axis), args[1]};
     if (axis_parts[0] == NULL) goto done;
     attributes = PyObject_Vectorcall(split_attributes, axis_parts, 2, NULL);
