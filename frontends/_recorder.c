@@ -956,7 +956,7 @@ static PyObject *row_else(PyObject *python, PyObject *const *args, Py_ssize_t na
 static PyObject *tensor_pick(PyObject *x, PyObject *i) {
     if (Py_TYPE(x) != (PyTypeObject *)tensor_class || !PyLong_CheckExact(i)) return NULL;
     PyObject *inputs = common_operands(&x, 1), *scalars = NULL, *key = NULL, *position = NULL;
-    PyObject *row = NULL, *result = NULL;
+    PyObject *row = NULL, *result = NULL, *batch = NULL, *dtype = NULL;
     if (inputs == NULL) return NULL;
     TensorObject *t = (TensorObject *)PyList_GET_ITEM(inputs, 0);
     PyObject *shape = t->shape;
@@ -969,12 +969,15 @@ static PyObject *tensor_pick(PyObject *x, PyObject *i) {
         goto done;
     }
     if (overflow || index < -(long long)length || index >= (long long)length) goto done;  /* the Python's error */
-    PyObject *batch = t->batch;  /* held by t, held by inputs */
+    /* held, and the result's shape made, before Python code (a lookup, ``constant``) runs: it
+       may rebind the tensor's fields */
+    batch = Py_NewRef(t->batch);
+    dtype = Py_NewRef(t->dtype);
+    row = PyTuple_GetSlice(shape, 1, PyTuple_GET_SIZE(shape));
+    if (row == NULL) goto error;
     scalars = PyObject_GetAttr(batch, str_scalars);
-    if (scalars == NULL || !PyDict_Check(scalars)) {
-        PyErr_Clear();
-        goto done;
-    }
+    if (scalars == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+    if (scalars == NULL || !PyDict_Check(scalars)) goto done;  /* not a Tracer's: the Python's way */
     key = PyTuple_Pack(3, (PyObject *)&PyLong_Type, i, int64_type);  /* constant(i, dtype=np.int64)'s key */
     if (key == NULL) goto error;
     position = PyDict_GetItemWithError(scalars, key);
@@ -988,9 +991,8 @@ static PyObject *tensor_pick(PyObject *x, PyObject *i) {
         if (position == NULL) goto error;
     }
     if (Py_TYPE(position) != (PyTypeObject *)tensor_class || !recorder_ready((RecorderObject *)batch)) goto error;
-    row = PyTuple_GetSlice(shape, 1, PyTuple_GET_SIZE(shape));
-    if (row == NULL || PyList_Append(inputs, position) < 0) goto error;
-    result = do_record_one((RecorderObject *)batch, str_gather, inputs, row, t->dtype, gather_attributes, NULL);
+    if (PyList_Append(inputs, position) < 0) goto error;
+    result = do_record_one((RecorderObject *)batch, str_gather, inputs, row, dtype, gather_attributes, NULL);
     goto done;
 error:
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a pick's position is not a tensor of its batch");
@@ -1000,6 +1002,8 @@ done:
     Py_XDECREF(key);
     Py_XDECREF(position);
     Py_XDECREF(row);
+    Py_XDECREF(batch);
+    Py_XDECREF(dtype);
     return result;
 }
 
@@ -1067,18 +1071,21 @@ static PyObject *concat(PyObject *module, PyObject *const *args, Py_ssize_t narg
         Py_DECREF(inputs);
         return PyObject_Vectorcall(concat_python, args, nargs, NULL);
     }
-    PyObject *batch = first->batch;
+    /* held while Python code (``_axis``, an operand's ``_reads``) runs */
+    PyObject *batch = Py_NewRef(first->batch), *dtype = Py_NewRef(first->dtype);
     shape = with_dimension(first->shape, axis, length);
     if (shape == NULL) goto done;
     axis_object = PyLong_FromSsize_t(axis);
     attributes = axis_object == NULL ? NULL : PyObject_Vectorcall(axis_attributes, &axis_object, 1, NULL);
     if (attributes == NULL || !recorder_ready((RecorderObject *)batch)) goto done;
-    result = do_record_one((RecorderObject *)batch, str_concat, inputs, shape, first->dtype, attributes, NULL);
+    result = do_record_one((RecorderObject *)batch, str_concat, inputs, shape, dtype, attributes, NULL);
 done:
     Py_DECREF(inputs);
     Py_XDECREF(shape);
     Py_XDECREF(axis_object);
     Py_XDECREF(attributes);
+    Py_DECREF(batch);
+    Py_DECREF(dtype);
     return result;
 }
 
@@ -1112,7 +1119,8 @@ static PyObject *split(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         Py_DECREF(inputs);
         return PyObject_Vectorcall(split_python, args, nargs, NULL);
     }
-    PyObject *batch = t->batch;
+    /* held while Python code (``_split_attributes``, an operand's ``_reads``) runs */
+    PyObject *batch = Py_NewRef(t->batch), *dtype = Py_NewRef(t->dtype);
     part = with_dimension(shape, axis, extent / parts);
     if (part == NULL) goto done;
     PyObject *axis_parts[] = {PyLong_FromSsize_t(axis), args[1]};
@@ -1120,11 +1128,13 @@ static PyObject *split(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     attributes = PyObject_Vectorcall(split_attributes, axis_parts, 2, NULL);
     Py_DECREF(axis_parts[0]);
     if (attributes == NULL || !recorder_ready((RecorderObject *)batch)) goto done;
-    result = do_record_outputs((RecorderObject *)batch, str_split, inputs, part, t->dtype, parts, attributes);
+    result = do_record_outputs((RecorderObject *)batch, str_split, inputs, part, dtype, parts, attributes);
 done:
     Py_DECREF(inputs);
     Py_XDECREF(part);
     Py_XDECREF(attributes);
+    Py_DECREF(batch);
+    Py_DECREF(dtype);
     return result;
 }
 

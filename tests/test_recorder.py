@@ -169,3 +169,25 @@ def test_a_cell_call_out_of_the_common_case_runs_the_python_and_says_what_is_wro
             assert double(3.0).numpy() == np.float32(6.0)  # a Python value: a literal of `other`
             assert double(y).numpy().tolist() == [2.0, 2.0]
         assert double(x).numpy().tolist() == [2.0, 2.0]
+
+
+def test_a_pick_whose_batch_runs_python_midway_reads_no_freed_fields():
+    """``ops.pick``'s C path calls the batch's ``constant`` (Python) before it records: were the
+    tensor's shape rebound there, the old tuple, freed, must not be read (it was: a review's
+    reproducer read freed memory, 'Invalid item in shape')."""
+    victim = None
+
+    class Rebinding(Tracer):
+        def constant(self, value, dtype=None):
+            if dtype is np.int64 and victim is not None:
+                victim.shape = (7, 7)  # drops the only reference to the tensor's old shape
+                junk = [tuple(range(k, k + 3)) for k in range(1000)]  # memory that the old tuple's would be
+                del junk
+            return super().constant(value, dtype)
+
+    with Rebinding() as tracer:
+        victim = tracer.constant(np.ones((3, 4), np.float32))
+        victim.shape = tuple([3, 4])  # a tuple held only by the tensor
+        picked = ops.pick(victim, 1)
+        assert picked.shape in ((4,), (7,))  # the shape before the call (C) or after it (Python)
+        tracer.discard()
