@@ -175,14 +175,13 @@ def test_a_pick_whose_batch_runs_python_midway_reads_no_freed_fields():
     """``ops.pick``'s C path calls the batch's ``constant`` (Python) before it records: were the
     tensor's shape rebound there, the old tuple, freed, must not be read (it was: a review's
     reproducer read freed memory, 'Invalid item in shape')."""
-    victim = None
+    victim, held = None, []
 
     class Rebinding(Tracer):
         def constant(self, value, dtype=None):
             if dtype is np.int64 and victim is not None:
                 victim.shape = (7, 7)  # drops the only reference to the tensor's old shape
-                junk = [tuple(range(k, k + 3)) for k in range(1000)]  # memory that the old tuple's would be
-                del junk
+                held.extend(tuple(range(k, k + 3)) for k in range(1000))  # in the memory the old tuple had
             return super().constant(value, dtype)
 
     with Rebinding() as tracer:
