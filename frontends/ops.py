@@ -349,8 +349,7 @@ def _python_lookup(table: Parameter | Tensor, i: Any) -> Tensor:
 # Where the recorder is compiled, the common cases of these run in C (tensors of one batch and
 # dtype; elementwise of one shape; matmul of [k] or [m, k] by [k, n]; a row looked up before in
 # the batch; a tensor's element or row by an int; a split into equal parts; a concat whose shapes
-# agree), and everything else
-# through the Python functions above, which C calls.
+# agree), and everything else through the Python functions above, which C calls.
 if recorder.compiled:
     recorder.compiled.configure_ops(Parameter, _current, _python_elementwise, _python_tensors, _python_pick,
                                     _python_lookup, _python_matmul, _python_split, _split_attributes, _AXIS_0,

@@ -110,7 +110,7 @@ class Engine:
         if instances > 1 and not isinstance(model, (str, bytes, onnx.ModelProto)):
             raise ValueError(f"{instances} instances need a model each loads: a path or an ONNX model, not "
                              f"{type(model).__name__}")
-        # Instances share the cores: each session's onnxruntime takes its share.
+        # Instances share the cores; one alone leaves a core to the event loop (see the docstring).
         if threads is None:
             threads = max(1, usable_cores() // instances if instances > 1 else usable_cores() - 1)
         served = margin(alone_when_faster, SERVED_MARGIN)  # alone must win by more in a server
