@@ -23,6 +23,7 @@ from autobatch.backends.whole_plan import WholePlan, whole_plan_refusal
 from autobatch.batcher import BatchReport, get_scheduler
 from autobatch.batcher.flat import plan_records
 from autobatch.batcher.plan import KEYS_KEPT, FlatPlan, NotFlat, TemplateCache
+from autobatch.batcher.rounds import RoundPlans
 from autobatch.frontends.programs import run_in_lockstep
 from autobatch.frontends.tensors import Tensor, TraceError
 from autobatch.frontends.tracing import OPSET, Tracer
@@ -79,15 +80,21 @@ class Batch(Tracer):
         self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
+        self._rounds = RoundPlans()  # lockstep rounds' plans (``run_programs``): the next round's, made from the last's
 
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
         """The plan that computing these pending tensors runs (its ``report`` says how it
         batches them); nothing runs, and the batch stays pending."""
+        names, producers = [t.name for t in wanted], [t.producer for t in wanted]
+        again = self._rounds.again(self._records, names, self._literals)
+        if again is not None:
+            return again
         try:
             known = self._known_keys() if frozen_weights(self._weights) else None
-            return plan_records(self._records, [t.name for t in wanted], [t.producer for t in wanted], self._weights,
+            return plan_records(self._records, names, producers, self._weights,
                                 self._literals, self.functions, self._opsets(), self.scheduler, known,
-                                cache=TRACED_TEMPLATES, literals_fixed=True)  # a traced plan runs on its own data once
+                                cache=TRACED_TEMPLATES, literals_fixed=True,  # a traced plan runs on its own data once
+                                rounds=self._rounds)
         except NotFlat as why:
             raise TraceError(str(why)) from None
 

@@ -43,6 +43,7 @@ from autobatch.batcher.functions import Functions
 from autobatch.batcher.layout import Layout, Locations, row_indices
 from autobatch.batcher.plan import BatchReport, Copied, FlatPlan, Kind, RowReduction, Step, Template, TemplateCache
 from autobatch.batcher.problem import SCHEDULING
+from autobatch.batcher.rounds import RoundPlans
 from autobatch.batcher.schedulers import depth_schedule, get_scheduler
 from autobatch.ir.records import Record
 
@@ -51,7 +52,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
                  weights: Mapping[str, np.ndarray], literals: Mapping[str, np.ndarray], functions: Functions,
                  opsets: Mapping[str, int], scheduler: str, known: dict[Hashable, tuple] | None = None,
                  apart: bool = False, padded: bool = True, *, cache: TemplateCache,
-                 literals_fixed: bool = False) -> FlatPlan:
+                 literals_fixed: bool = False, rounds: RoundPlans | None = None) -> FlatPlan:
     """The plan computing ``wanted`` (made by the records at ``producers``) from ``records``
     (in trace order; those that lead to no wanted value are left out). ``weights`` are shared
     by every instance; ``literals`` are data of one instance: ``literals_fixed`` where the plan
@@ -60,13 +61,16 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     learnt of record keys, for a caller whose keys (and weights) stay the same across plans.
     ``apart``: no record reads a value of another instance (``mix_records``' records), which
     makes the schedulers' levels cheap to work out, and (with ``padded``) lets the classes of
-    one node of the model over instances of different shapes run padded (``batcher.padding``)."""
+    one node of the model over instances of different shapes run padded (``batcher.padding``).
+    ``rounds``: where a lockstep round's plan is learnt (``batcher.rounds``), for a caller that
+    asks it for the next round's plan (``RoundPlans.again``) before planning."""
     cache.make_room()  # between plans, never during one
     start = time.perf_counter()
     planner = _Planner(cache, weights, literals, functions, opsets, known, literals_fixed)
     records, preds = _live(records, producers)
     schedule = None if apart else planner.round_classes(records, preds)
-    if schedule is not None:  # a lockstep round of classes met before: no problem to sign
+    a_round = schedule is not None
+    if a_round:  # a lockstep round of classes met before: no problem to sign
         analysed = scheduled = time.perf_counter()
         lower_bound: int | Callable[[], int] = len(schedule)
     else:
@@ -110,7 +114,10 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
                          gathers, views, merged,
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
                          alone=dict(reasons), launches_by_op=dict(launches_by_op), by_shape=dict(planner.by_shape))
-    return FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
+    plan = FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
+    if rounds is not None and a_round:
+        rounds.learn(records, plan)
+    return plan
 
 
 class _Planner(Classing, Layout):

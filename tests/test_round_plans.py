@@ -1,5 +1,6 @@
 """A lockstep round of classes met before is planned without signing it as a problem
-(``Classing.round_classes``): its plan must be the plan signing makes, step for step."""
+(``Classing.round_classes``), and a round shaped as one planned so is made from that one's
+plan (``batcher.rounds``): each must be the plan signing makes, step for step."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from onnx import helper
 
 from autobatch import Batch, Parameter, ProgramFailure, cell, ops, run_programs
 from autobatch.batcher.classing import Classing
+from autobatch.batcher.rounds import RoundPlans
 from autobatch.examples import parser
 
 RNG = np.random.default_rng(0)
@@ -30,26 +32,35 @@ def _facts(plan: Any) -> tuple:
     steps = [(id(step.template), step.size, rows(step.reads), step.weights, rows(step.writes)) for step in plan.steps]
     report = plan.report
     return (plan.kinds, plan.rows, sorted(plan.blocks), rows(plan.literal_runs), steps, plan.locations,
-            report.nodes, report.launches, report.lower_bound, report.alone, report.launches_by_op)
+            report.scheduler, report.nodes, report.launches, report.lower_bound, report.fallback_nodes, report.gathers,
+            report.gathers_avoided, report.merged_duplicates, report.alone, report.launches_by_op, report.by_shape)
 
 
 class _BothWays(Batch):
-    """A batch that plans every round both ways, checks they agree and runs the first."""
+    """A batch that plans every round three ways, checks they agree and runs the first: as a
+    batch plans it (made from an earlier round's plan where it can be), by the planner with
+    ``round_classes``, and signed."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.rounds = {"without signing": 0, "signed": 0, "two keys, one class": 0}
+        self.rounds = {"reused": 0, "without signing": 0, "signed": 0, "two keys, one class": 0}
 
     def plan(self, wanted: Any) -> Any:
+        reused = self._rounds.reused
+        plan = super().plan(wanted)
+        self.rounds["reused"] += self._rounds.reused - reused
         fast = self.rounds["without signing"]
-        with mock.patch.object(Classing, "round_classes", _counted(self.rounds)):
-            plan = super().plan(wanted)
+        with mock.patch.object(Classing, "round_classes", _counted(self.rounds)), \
+                mock.patch.object(self, "_rounds", RoundPlans()):  # one that learnt nothing: never reuses
+            planned = super().plan(wanted)
         if self.rounds["without signing"] > fast:
             attributes = {id(record.attributes) for record in self._records}
             self.rounds["two keys, one class"] += {id(_ALONG_ROWS), id(_ALSO_ALONG_ROWS)} <= attributes
-        with mock.patch.object(Classing, "round_classes", lambda *args: None):
+        with mock.patch.object(Classing, "round_classes", lambda *args: None), \
+                mock.patch.object(self, "_rounds", RoundPlans()):
             signed = super().plan(wanted)
         assert _facts(plan) == _facts(signed)
+        assert _facts(planned) == _facts(signed)
         return plan
 
 
@@ -132,34 +143,79 @@ def test_the_parsers_rounds_plan_as_signing_does() -> None:
         want = run_programs(lambda s, form=form: parser.PARSERS[form](s, params), sentences, backend="onnxruntime")
         assert [p.heads for p in got] == [p.heads for p in want]
         assert batch.rounds["without signing"] >= len(batch.reports) - 2, (form, batch.rounds)
+        assert batch.rounds["reused"] >= len(batch.reports) - 2, (form, batch.rounds)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-def test_a_round_whose_learnt_key_now_says_another_axis_is_signed(backend: str) -> None:
+def test_rounds_of_one_call_are_made_from_the_last_whatever_the_programs_left(backend: str) -> None:
+    """Programs of different lengths (fewer left as they finish), each round one cell call a
+    program over its last value and a value of its first round: the rounds after the first
+    such are made from its plan for every number of programs left, step for step the plan
+    signing makes. A round where one program also makes a call it drops (and holds another
+    twice: as many values wanted as records), and one where a program's call reads another
+    call of the round, are planned; every program's values equal its run alone."""
+    W = Parameter(RNG.standard_normal((4, 4)).astype(np.float32) * 0.5).freeze()
+    step_cell = cell(lambda x, base: ops.tanh(ops.matmul(x, W) + base))
+
+    async def program(start: np.ndarray, steps: int, odd: bool) -> list[np.ndarray]:
+        x = again = ops.add(start, np.float32(0.0))
+        seen = [await x]
+        base = x
+        for step in range(steps):
+            if odd and step == 3:
+                step_cell(base, x)  # dropped: its record leads to no value wanted
+                again = step_cell(x, base)  # traced once with the call below: one record, two tensors held
+            if odd and step == 5:
+                again = step_cell(x, base)  # held, and read by the round's other call
+                x = again
+            x = step_cell(x, base)
+            seen.append(await x)
+        del again
+        return seen
+
+    args = [(RNG.standard_normal(4).astype(np.float32), 6 + k, k == 2) for k in range(7)]
+    batch = _BothWays(backend)
+    together = run_programs(lambda a: program(*a), args, batch=batch)
+    assert not any(isinstance(got, ProgramFailure) for got in together), [str(got) for got in together]
+    assert batch.rounds["reused"] >= len(batch.reports) - 5 and batch.rounds["signed"] >= 1, batch.rounds
+    sizes = [report.nodes for report in batch.reports]
+    assert len(set(sizes)) >= 4, sizes  # rounds of every number of programs left
+    for a, got in zip(args, together, strict=True):
+        alone = run_programs(lambda a: program(*a), [a], backend=backend)[0]
+        for x, y in zip(got, alone, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("rows", [(2, 3), (3, 3)], ids=["two keys", "one key"])
+def test_a_round_whose_learnt_key_now_says_another_axis_is_signed(backend: str, rows: tuple[int, int]) -> None:
     """One attributes dict told another axis between rounds (a traced key holds attributes by
     id): the key's learnt class no longer holds, and the round is planned as what it now says,
-    a Softmax along rows (a ragged class, which only signing merges)."""
+    a Softmax along rows (a ragged class, which only signing merges). With one key (values of
+    one shape) the earlier rounds were one call a program, whose plan a later round would be
+    made from but for the attributes."""
     axis = {"axis": helper.make_attribute("axis", 0)}
 
     async def program(start: np.ndarray) -> list[np.ndarray]:
         x, seen = ops.add(start, np.float32(0.0)), []
-        for step in range(4):
+        for step in range(5):
             value = await x
             seen.append(value)
-            if step == 2:
+            if step == 3:
                 axis["axis"] = helper.make_attribute("axis", 1)
             x = x.batch.record("Softmax", [x], [x.shape], [x.dtype], axis)[0]
         seen.append(await x)
         return seen
 
-    starts = [RNG.standard_normal((2 + k % 2, 3)).astype(np.float32) for k in range(4)]
+    starts = [RNG.standard_normal((rows[k % 2], 3)).astype(np.float32) for k in range(4)]
     batch = _BothWays(backend)
     together = run_programs(program, starts, batch=batch)
     assert batch.rounds["without signing"] >= 1, batch.rounds
+    assert batch.rounds["reused"] >= (rows[0] == rows[1]), batch.rounds
     for start, got in zip(starts, together, strict=True):
         want = [start]
-        for step in range(4):
-            shifted = np.exp(want[-1] - want[-1].max(axis=0 if step < 2 else 1, keepdims=True))
-            want.append(shifted / shifted.sum(axis=0 if step < 2 else 1, keepdims=True))
+        for step in range(5):
+            shifted = np.exp(want[-1] - want[-1].max(axis=0 if step < 3 else 1, keepdims=True))
+            want.append(shifted / shifted.sum(axis=0 if step < 3 else 1, keepdims=True))
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
