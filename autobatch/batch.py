@@ -80,17 +80,25 @@ class Batch(Tracer):
         self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
-        self._rounds = RoundPlans()  # lockstep rounds' plans (``run_programs``): the next round's, made from the last's
+        self._rounds = RoundPlans()  # lockstep rounds' plans (``run_programs``), a block's (``__enter__``)
+
+    def __enter__(self) -> Batch:
+        # A block names its parameters anew (``Tracer.__exit__``): a name may denote another
+        # weight than in the last block, and the rounds learnt there read it as that one.
+        self._rounds = RoundPlans()
+        return super().__enter__()  # type: ignore[return-value]
 
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
         """The plan that computing these pending tensors runs (its ``report`` says how it
         batches them); nothing runs, and the batch stays pending."""
         names, producers = [t.name for t in wanted], [t.producer for t in wanted]
-        again = self._rounds.again(self._records, names, self._literals)
+        frozen = frozen_weights(self._weights)
+        # (A template may hold a small weight by value: one changed in place since is read anew.)
+        again = self._rounds.again(self._records, names, self._literals, self.scheduler) if frozen else None
         if again is not None:
             return again
         try:
-            known = self._known_keys() if frozen_weights(self._weights) else None
+            known = self._known_keys() if frozen else None
             return plan_records(self._records, names, producers, self._weights,
                                 self._literals, self.functions, self._opsets(), self.scheduler, known,
                                 cache=TRACED_TEMPLATES, literals_fixed=True,  # a traced plan runs on its own data once

@@ -4,13 +4,15 @@
 A parser's round is the same call (its scoring cell) once a program, over values the earlier
 rounds computed; only the names of those values and how many programs are left change. The
 planner's plan for such a round is one step: each stacked operand's values stacked from the
-literals (``LITERALS``), the template run once, output ``k`` in rows ``slot_k * N ..`` of its
+literals (``LITERALS``), the template run once, its output in rows ``slot * N ..`` of an
 arena. ``RoundPlans`` keeps that shape of plan, learnt from a plan the planner made
-(``learn``), and makes the next round's plan from it for any number of programs (``again``):
-on this host 15-20 us rather than the planner's 75 a round (``benchmarks/README.md``). It
-refuses, and the planner plans, wherever the new round is not that shape: a record that reads
-another's value, a key or attributes not the learnt ones, an operand not a literal of an
-arena's dtype, outputs not all wanted in trace order.
+(``learn``), and makes a later round's plan from it for any number of programs (``again``):
+about 20 us on this host where the planner took 75 (``benchmarks/README.md``). It refuses, and
+the planner plans, wherever the new round is not that shape: a record that reads another's
+value, a key or attributes not the learnt ones, other than one output a record, an operand not
+a literal of an arena's dtype, outputs not all wanted in trace order. Its caller keeps it only
+while the names in the keys denote the same weights, unchanged (``Batch``: a traced block's,
+its weights frozen).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ class _Shape:
     kinds: list[Kind]  # of each arena
     slots: list[int]  # per arena: its rows, in members
     write: tuple[int, int]  # (arena, slot): the output's rows from ``slot * N``
-    scheduler: str
 
 
 class RoundPlans:
@@ -53,9 +54,10 @@ class RoundPlans:
         self._shapes: Recent = Recent(KEPT)
         self.reused = 0  # rounds planned by ``again``
 
-    def again(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray]
-              ) -> FlatPlan | None:
-        """The plan of a round shaped as one learnt before, or None (the planner plans it)."""
+    def again(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray],
+              scheduler: str) -> FlatPlan | None:
+        """The plan of a round shaped as one learnt before, or None (the planner plans it);
+        ``scheduler``: the name its report gives (every scheduler makes this plan)."""
         if not records:
             return None
         start = time.perf_counter()
@@ -64,6 +66,7 @@ class RoundPlans:
         shape: _Shape | None = self._shapes.get(key)
         n = len(records)
         if shape is None or len(wanted) != n or list(map(_KEY, records)).count(key) != n \
+                or list(map(len, map(_OUTPUTS, records))).count(1) != n \
                 or attributes_key(first.attributes) != shape.attributes:
             return None
         outputs = list(map(_FIRST, map(_OUTPUTS, records)))
@@ -82,8 +85,9 @@ class RoundPlans:
         base = slot * n
         step = Step(template, n, reads, [first.inputs[i] for i in template.fed], [(arena, base)])
         locations = dict(zip(outputs, zip(itertools.repeat(arena), range(base, base + n))))
-        report = BatchReport(shape.scheduler, n, 1, 1, 0, len(reads), 0, 0,
-                             {"analyse": 0.0, "schedule": 0.0, "plan": time.perf_counter() - start},
+        report = BatchReport(scheduler, nodes=n, launches=1, bound=1, fallback_nodes=0, gathers=len(reads),
+                             gathers_avoided=0, merged_duplicates=0,
+                             seconds={"analyse": 0.0, "schedule": 0.0, "plan": time.perf_counter() - start},
                              launches_by_op={first.op_type: 1})
         self.reused += 1
         return FlatPlan(list(shape.kinds), [count * n for count in shape.slots], set(), [], [step], locations, report)
@@ -110,4 +114,4 @@ class RoundPlans:
         if list(map(_KEY, records)).count(key) != n or row % n or any(rows % n for rows in plan.rows):
             return
         self._shapes[key] = _Shape(attributes_key(records[0].attributes), template, list(plan.kinds),
-                                   [rows // n for rows in plan.rows], (arena, row // n), plan.report.scheduler)
+                                   [rows // n for rows in plan.rows], (arena, row // n))

@@ -219,3 +219,47 @@ def test_a_round_whose_learnt_key_now_says_another_axis_is_signed(backend: str, 
             want.append(shifted / shifted.sum(axis=0 if step < 3 else 1, keepdims=True))
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_round_after_its_weight_changed_is_not_made_from_the_plan_before(backend: str) -> None:
+    """A small weight (a template may hold it by value) changed between rounds: in place, not
+    frozen, between two rounds of one block; and given a new array, frozen again, between two
+    blocks of one batch (which name it as the one before did), each of whose later rounds is
+    made from an earlier one's plan. Each round computes with the weight as it is then."""
+    W = Parameter(RNG.standard_normal((4, 4)).astype(np.float32))
+    history: list[np.ndarray] = []
+
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        x, seen = ops.add(start, np.float32(0.0)), []
+        for _ in range(5):
+            x = ops.matmul(x, W)
+            seen.append(await x)
+        return seen
+
+    class Changing(Batch):  # the weight as each round reads it, changed in place after the third
+        def run_pending(self) -> None:
+            history.append(W.array.copy())
+            super().run_pending()
+            if len(history) == 4 and W.array.flags.writeable:
+                W.array *= -0.5
+
+    def want(start: np.ndarray) -> list[np.ndarray]:
+        values, x = [], start
+        for weights in history[:5]:  # (the first round adds the 0 too)
+            x = x @ weights
+            values.append(x)
+        return values
+
+    starts = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
+    batch = Changing(backend)
+    for block in range(3):  # changed in place; frozen; another array, frozen
+        history.clear()
+        got = run_programs(program, starts, batch=batch)
+        for start, values in zip(starts, got, strict=True):
+            for a, b in zip(values, want(start), strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        if block:
+            W.array = RNG.standard_normal((4, 4)).astype(np.float32)
+        W.freeze()
+    assert batch._rounds.reused >= 2
