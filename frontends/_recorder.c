@@ -36,11 +36,15 @@ static PyObject *gather_attributes; /* ops._AXIS_0: a pick's */
 static PyObject *int64_type;        /* numpy.int64: a pick's position (``Tracer.constant``'s key) */
 static PyObject *concat_python;     /* ops._python_concat: beyond the common case */
 static PyObject *axis_attributes;   /* ops._axis(axis): a Concat's attributes, made once an axis */
+static PyObject *recurrent_python;  /* ops._python_recurrent: beyond the common case */
+static PyObject *recurrent_layers;  /* ops._LAYERS: what a layer's checks found, by op, direction and shapes */
+static PyObject *flatten_attributes; /* ops._FROM_AXIS_1: a layer's states' Flatten */
 
 static PyObject *empty_string, *empty_tuple;
 static PyObject *str_reads, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
     *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows, *str_matmul, *str_parameters,
-    *str_gather, *str_split, *str_constant, *str_concat, *dtype_keyword;
+    *str_gather, *str_split, *str_constant, *str_concat, *dtype_keyword, *str_unsqueeze, *str_flatten, *str_reshape,
+    *str_shared_tensors, *str_shared_constant;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
     *str_entries;
 
@@ -1138,6 +1142,172 @@ done:
     return result;
 }
 
+/* ``batch.shared_constant([value])``: found in its memo of short int lists (``Tracer._shared_tensors``,
+   keyed as that method keys them), else made by it. */
+static PyObject *shared_int(PyObject *batch, PyObject *value) {
+    PyObject *memo = PyObject_GetAttr(batch, str_shared_tensors), *key = NULL, *known = NULL;
+    if (memo != NULL && PyDict_Check(memo) && (key = PyTuple_Pack(2, int64_type, value)) != NULL)
+        known = PyDict_GetItemWithError(memo, key);  /* borrowed */
+    Py_XINCREF(known);
+    Py_XDECREF(key);
+    Py_XDECREF(memo);
+    if (known != NULL || PyErr_Occurred()) return known;
+    PyObject *list = PyList_New(1);
+    if (list == NULL) return NULL;
+    PyList_SET_ITEM(list, 0, Py_NewRef(value));
+    PyObject *made = PyObject_CallMethodOneArg(batch, str_shared_constant, list);
+    Py_DECREF(list);
+    return made;
+}
+
+/* ops._recurrent(op, x, W, R, B, direction) over ONE sequence ``x [n, d]`` (n > 0) of traced
+   tensors (W, R, B: tensors or parameters of x's batch and dtype; B may be None) whose layer was
+   checked before (``ops._LAYERS`` holds what the checks found, by the key the Python makes):
+   Unsqueeze, the layer, Flatten and Reshape recorded here, as the Python records them; the Python
+   otherwise (a layer met first, its errors, other operands). */
+static PyObject *recurrent(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (!ops_configured()) return NULL;
+    if (recurrent_python == NULL || recurrent_layers == NULL || flatten_attributes == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_recurrent()");
+        return NULL;
+    }
+    if (nargs != 6) return PyObject_Vectorcall(recurrent_python, args, nargs, NULL);
+    int biased = args[4] != Py_None;
+    PyObject *inputs = common_operands(args + 1, 3 + biased);
+    if (inputs == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(recurrent_python, args, nargs, NULL);
+    }
+    /* held while Python code (``shared_constant``, an operand's ``_reads``) runs */
+    TensorObject *t = (TensorObject *)PyList_GET_ITEM(inputs, 0);
+    PyObject *batch = Py_NewRef(t->batch), *dtype = Py_NewRef(t->dtype), *shape = Py_XNewRef(t->shape);
+    PyObject *key = NULL, *layer = NULL, *one = NULL, *width = NULL, *constant = NULL, *operands = NULL;
+    PyObject *sequence = NULL, *states = NULL, *flat = NULL, *last = NULL, *result = NULL;
+    PyObject *shapes = NULL, *dtypes = NULL, *types = NULL, *made = NULL;
+    Py_ssize_t n = -1;
+    if (shape != NULL && PyTuple_CheckExact(shape) && PyTuple_GET_SIZE(shape) == 2) {
+        n = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, 0));
+        if (n < 0) PyErr_Clear();
+    }
+    if (n > 0) {
+        PyObject *tail = PyTuple_GetSlice(shape, 1, 2);
+        if (tail == NULL) goto done;
+        key = PyTuple_New(5 + biased);
+        if (key == NULL) {
+            Py_DECREF(tail);
+            goto done;
+        }
+        PyTuple_SET_ITEM(key, 0, Py_NewRef(args[0]));
+        PyTuple_SET_ITEM(key, 1, Py_NewRef(args[5]));
+        PyTuple_SET_ITEM(key, 2, tail);
+        for (Py_ssize_t k = 1; k < 3 + biased; k++) {
+            PyObject *its = ((TensorObject *)PyList_GET_ITEM(inputs, k))->shape;
+            PyTuple_SET_ITEM(key, 2 + k, Py_NewRef(its != NULL ? its : Py_None));
+        }
+        layer = PyDict_GetItemWithError(recurrent_layers, key);  /* borrowed: held below */
+        if (layer == NULL && PyErr_Occurred()) goto done;
+        Py_XINCREF(layer);
+    }
+    Py_ssize_t dirs = -1, hidden = -1;
+    if (layer != NULL && PyTuple_CheckExact(layer) && PyTuple_GET_SIZE(layer) == 3
+        && PyDict_CheckExact(PyTuple_GET_ITEM(layer, 2))) {
+        dirs = PyLong_AsSsize_t(PyTuple_GET_ITEM(layer, 0));
+        hidden = dirs < 0 ? -1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(layer, 1));
+        if (hidden < 0) PyErr_Clear();
+    }
+    if (hidden < 0) {  /* a layer not checked yet, or not the common case: the Python's */
+        result = PyObject_Vectorcall(recurrent_python, args, nargs, NULL);
+        goto done;
+    }
+    PyObject *attributes = PyTuple_GET_ITEM(layer, 2);
+    if (!recorder_ready((RecorderObject *)batch)) goto done;
+    PyObject *size = PyTuple_GET_ITEM(shape, 0), *features = PyTuple_GET_ITEM(shape, 1);
+    /* x [n, d] -> [n, 1, d]: the layer's one batch */
+    one = PyLong_FromLong(1);
+    constant = one == NULL ? NULL : shared_int(batch, one);
+    operands = constant == NULL ? NULL : PyList_New(2);
+    made = operands == NULL ? NULL : PyTuple_Pack(3, size, one, features);
+    if (made == NULL) goto done;
+    PyList_SET_ITEM(operands, 0, Py_NewRef((PyObject *)t));
+    PyList_SET_ITEM(operands, 1, Py_NewRef(constant));
+    sequence = do_record_one((RecorderObject *)batch, str_unsqueeze, operands, made, dtype, no_attributes, NULL);
+    Py_CLEAR(operands);
+    Py_CLEAR(made);
+    Py_CLEAR(constant);
+    if (sequence == NULL) goto done;
+    /* the layer: Y [n, dirs, 1, h] and Y_h [dirs, 1, h] */
+    PyObject *dirs_object = PyLong_FromSsize_t(dirs), *hidden_object = PyLong_FromSsize_t(hidden);
+    if (dirs_object != NULL && hidden_object != NULL) {
+        shapes = PyTuple_New(2);
+        if (shapes != NULL) {
+            PyTuple_SET_ITEM(shapes, 0, PyTuple_Pack(4, size, dirs_object, one, hidden_object));
+            PyTuple_SET_ITEM(shapes, 1, PyTuple_Pack(3, dirs_object, one, hidden_object));
+        }
+    }
+    Py_XDECREF(dirs_object);
+    Py_XDECREF(hidden_object);
+    if (shapes == NULL || PyTuple_GET_ITEM(shapes, 0) == NULL || PyTuple_GET_ITEM(shapes, 1) == NULL) goto done;
+    dtypes = PyTuple_Pack(2, dtype, dtype);
+    types = PyList_New(2);
+    if (dtypes == NULL || types == NULL) goto done;
+    for (Py_ssize_t k = 0; k < 2; k++) {
+        PyObject *type_args[] = {dtype, PyTuple_GET_ITEM(shapes, k)};
+        PyObject *vtype = PyObject_Vectorcall(tensor_type, type_args, 2, NULL);
+        if (vtype == NULL) goto done;
+        PyList_SET_ITEM(types, k, vtype);
+    }
+    operands = PyList_New(3 + biased);
+    if (operands == NULL) goto done;
+    PyList_SET_ITEM(operands, 0, Py_NewRef(sequence));
+    for (Py_ssize_t k = 1; k < 3 + biased; k++) PyList_SET_ITEM(operands, k, Py_NewRef(PyList_GET_ITEM(inputs, k)));
+    /* (record_typed_outputs takes shapes, dtypes and types) */
+    states = record_typed_outputs((RecorderObject *)batch, args[0], operands, shapes, dtypes, types, attributes);
+    shapes = dtypes = types = NULL;
+    Py_CLEAR(operands);
+    if (states == NULL) goto done;
+    if (!PyList_Check(states) || PyList_GET_SIZE(states) != 2) {
+        PyErr_SetString(PyExc_RuntimeError, "a recurrent layer's record gave other than two outputs");
+        goto done;
+    }
+    /* Y -> [n, dirs * h]; Y_h -> [dirs * h] */
+    width = PyLong_FromSsize_t(dirs * hidden);
+    operands = width == NULL ? NULL : PyList_New(1);
+    made = operands == NULL ? NULL : PyTuple_Pack(2, size, width);
+    if (made == NULL) goto done;
+    PyList_SET_ITEM(operands, 0, Py_NewRef(PyList_GET_ITEM(states, 0)));
+    flat = do_record_one((RecorderObject *)batch, str_flatten, operands, made, dtype, flatten_attributes, NULL);
+    Py_CLEAR(operands);
+    Py_CLEAR(made);
+    constant = flat == NULL ? NULL : shared_int(batch, width);
+    operands = constant == NULL ? NULL : PyList_New(2);
+    made = operands == NULL ? NULL : PyTuple_Pack(1, width);
+    if (made == NULL) goto done;
+    PyList_SET_ITEM(operands, 0, Py_NewRef(PyList_GET_ITEM(states, 1)));
+    PyList_SET_ITEM(operands, 1, Py_NewRef(constant));
+    last = do_record_one((RecorderObject *)batch, str_reshape, operands, made, dtype, no_attributes, NULL);
+    if (last != NULL) result = PyTuple_Pack(2, flat, last);
+done:
+    Py_DECREF(inputs);
+    Py_DECREF(batch);
+    Py_DECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(key);
+    Py_XDECREF(layer);
+    Py_XDECREF(one);
+    Py_XDECREF(width);
+    Py_XDECREF(constant);
+    Py_XDECREF(operands);
+    Py_XDECREF(made);
+    Py_XDECREF(sequence);
+    Py_XDECREF(states);
+    Py_XDECREF(flat);
+    Py_XDECREF(last);
+    Py_XDECREF(shapes);
+    Py_XDECREF(dtypes);
+    Py_XDECREF(types);
+    return result;
+}
+
 static PyObject *lookup(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     return row_else(lookup_python, args, nargs);
 }
@@ -1366,7 +1536,21 @@ static PyObject *configure_ops(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *configure_recurrent(PyObject *module, PyObject *args) {
+    PyObject *python, *layers, *flatten;
+    if (!PyArg_ParseTuple(args, "OO!O!:configure_recurrent", &python, &PyDict_Type, &layers, &PyDict_Type, &flatten))
+        return NULL;
+    set_global(&recurrent_python, python);
+    set_global(&recurrent_layers, layers);
+    set_global(&flatten_attributes, flatten);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"configure_recurrent", configure_recurrent, METH_VARARGS,
+     "configure_recurrent(python_recurrent, layers, flatten_attributes): what ops' recurrent layers need."},
+    {"recurrent", (PyCFunction)(void (*)(void))recurrent, METH_FASTCALL,
+     "recurrent(op, x, W, R, B, direction): ops._recurrent's common case in C."},
     {"configure_records", configure_records, METH_VARARGS,
      "configure_records(Tensor, Record, NO_ATTRIBUTES, tensor_type): the classes records are made of."},
     {"configure_ops", configure_ops, METH_VARARGS,
@@ -1426,12 +1610,18 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_concat = PyUnicode_InternFromString("Concat");
     str_constant = PyUnicode_InternFromString("constant");
     dtype_keyword = Py_BuildValue("(s)", "dtype");
+    str_unsqueeze = PyUnicode_InternFromString("Unsqueeze");
+    str_flatten = PyUnicode_InternFromString("Flatten");
+    str_reshape = PyUnicode_InternFromString("Reshape");
+    str_shared_tensors = PyUnicode_InternFromString("_shared_tensors");
+    str_shared_constant = PyUnicode_InternFromString("shared_constant");
     if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
         || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes
         || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
         || !str_entries || !str_gather || !str_split || !str_constant || !str_concat
-        || !dtype_keyword)
+        || !dtype_keyword || !str_unsqueeze || !str_flatten || !str_reshape || !str_shared_tensors
+        || !str_shared_constant)
         return NULL;
     PyObject *module = PyModule_Create(&recorder_module);
     if (module == NULL) return NULL;

@@ -396,8 +396,9 @@ def gru(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction:
     """ONNX's GRU over ONE sequence ``x [n, d]``: as ``lstm``, with ``W [dirs, 3h, d]``,
     ``R [dirs, 3h, h]``, ``B [dirs, 6h]``, gates z, r, h (``linear_before_reset`` as ONNX's,
     PyTorch's GRU is ``True``)."""
-    extra = {"linear_before_reset": 1} if linear_before_reset else {}
-    return _recurrent("GRU", x, W, R, B, direction, **extra)
+    if linear_before_reset:
+        return _python_recurrent("GRU", x, W, R, B, direction, linear_before_reset=1)
+    return _recurrent("GRU", x, W, R, B, direction)
 
 
 def rnn(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction: str = "forward",
@@ -407,8 +408,8 @@ def rnn(x: Operand, W: Operand, R: Operand, B: Operand | None = None, direction:
     return _recurrent("RNN", x, W, R, B, direction)
 
 
-def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, direction: str,
-               **extra: Any) -> tuple[Tensor, Tensor]:
+def _python_recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, direction: str,
+                      **extra: Any) -> tuple[Tensor, Tensor]:
     """Records Unsqueeze (to ONNX's ``[n, 1, d]``), the layer, and the reshapes of its outputs."""
     t, w, r, *b = _tensors(op, x, W, R, *([] if B is None else [B]))
     shapes = (op, direction, t.shape[1:], w.shape, r.shape, *[v.shape for v in b], *extra.items())
@@ -425,8 +426,14 @@ def _recurrent(op: str, x: Operand, W: Operand, R: Operand, B: Operand | None, d
 
 
 # What a layer's checks found, by its op, direction, attributes and operand shapes but the
-# sequence's length: checked once, not on every one of a minibatch's hundreds of calls.
+# sequence's length: checked once, not on every one of a minibatch's hundreds of calls (the
+# compiled recorder reads it too: a layer without extra attributes found here is recorded in C).
 _LAYERS: dict[tuple, tuple[int, int, dict]] = {}
+if recorder.compiled:
+    recorder.compiled.configure_recurrent(_python_recurrent, _LAYERS, _FROM_AXIS_1)
+    _recurrent = recorder.compiled.recurrent
+else:
+    _recurrent = _python_recurrent
 
 
 def _checked_layer(op: str, t: Tensor, w: Tensor, r: Tensor, b: list[Tensor], direction: str,

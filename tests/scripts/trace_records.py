@@ -18,6 +18,10 @@ RNG = np.random.default_rng(0)
 W = Parameter(RNG.standard_normal((4, 4)).astype(np.float32), name="W")
 B = Parameter(RNG.standard_normal(4).astype(np.float32), name="B")
 E = Parameter(RNG.standard_normal((6, 4)).astype(np.float32), name="E")
+# recurrent layers over x [n, 4], hidden 3: LSTM's 4 gates, GRU's 3, RNN's 1; one and two directions
+LAYERS = {(op, dirs): [Parameter(RNG.standard_normal(shape).astype(np.float32) * 0.5, name=f"{op}{dirs}{part}")
+                       for part, shape in zip("WRB", [(dirs, gates * 3, 4), (dirs, gates * 3, 3), (dirs, 2 * gates * 3)])]
+          for op, gates in (("LSTM", 4), ("GRU", 3), ("RNN", 1)) for dirs in (1, 2)}
 
 
 @cell
@@ -61,9 +65,22 @@ def small_programs(batch: Tracer) -> list:
         ops.concat([x, np.ones(2, np.float32)]), ops.concat([n, n], axis=np.int64(1)),  # tuples, parameters, arrays
         shared + h, shared * shared, x - shared,  # a shared operand first, only shared ones: the result's type
     ]
+    layers = {"LSTM": ops.lstm, "GRU": ops.gru, "RNN": ops.rnn}
+    for (op, dirs), (w, r, b) in LAYERS.items():  # each layer met first (the Python checks it), then again
+        for direction in (("forward", "reverse") if dirs == 1 else ("bidirectional",)):
+            for seq, bias in ((m, b), (m, b), (m[1:], None), (m[:1], b), (m, layer_tensor(batch, b))):
+                outs += layers[op](seq, w, r, bias, direction=direction)
+            outs += layers[op](m, layer_tensor(batch, w), r, b, direction)
+    outs += ops.gru(m, *LAYERS["GRU", 2], direction="bidirectional", linear_before_reset=True)
+    outs += ops.lstm(m, *LAYERS["LSTM", 1])  # reused: the same call on the same tensors
     with batch.instance():
         outs.append(ops.affine(ops.tanh(x), W, B))
     return outs
+
+
+def layer_tensor(batch: Tracer, parameter: Parameter) -> object:
+    """A weight as a traced value of the batch (not a parameter): the layer's operands every kind."""
+    return ops.add(batch.constant(parameter.array.copy()), 0.0)
 
 
 def digest(value: np.ndarray) -> str:
@@ -99,7 +116,10 @@ def main() -> None:
         for bad in (lambda: x[4], lambda: m[-4], lambda: ops.split(x, 3), lambda: ops.split(x, 0),
                     lambda: ops.split(m, 2, axis=2), lambda: ops.split(x, 2.0), lambda: ops.pick(x, 2**70),
                     lambda: ops.concat([m, x]), lambda: ops.concat([m, m[1:3]], axis=1), lambda: ops.concat([m], 2),
-                    lambda: ops.concat([m, ops.transpose(m)])):
+                    lambda: ops.concat([m, ops.transpose(m)]), lambda: ops.lstm(m, *LAYERS["LSTM", 2]),
+                    lambda: ops.lstm(m[:0], *LAYERS["LSTM", 1]), lambda: ops.lstm(x, *LAYERS["LSTM", 1]),
+                    lambda: ops.rnn(m, *LAYERS["RNN", 1], direction="sideways"),
+                    lambda: ops.gru(m, *LAYERS["LSTM", 1])):
             try:
                 bad()
             except TraceError as error:
