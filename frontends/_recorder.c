@@ -820,7 +820,9 @@ static PyObject *common_operands(PyObject *const *values, Py_ssize_t n) {
         if (!same) goto other;
     }
     if (PyContextVar_Get(current_batch_var, NULL, &active) < 0) goto error;
-    ours = active == NULL || active == batch;
+    /* and the first value's batch and dtype still the ones checked: the Python code above may have
+       rebound them, and callers read them off it */
+    ours = (active == NULL || active == batch) && first->batch == batch && first->dtype == dtype;
     Py_XDECREF(active);
 other:
     if (!ours) Py_CLEAR(list);
@@ -837,9 +839,11 @@ error:
 static int ops_configured(void) {
     if (elementwise_python != NULL && tensors_python != NULL && pick_python != NULL && lookup_python != NULL
         && matmul_python != NULL && split_python != NULL && split_attributes != NULL && gather_attributes != NULL
-        && int64_type != NULL && concat_python != NULL && axis_attributes != NULL && configured())
+        && int64_type != NULL && concat_python != NULL && axis_attributes != NULL && recurrent_python != NULL
+        && recurrent_layers != NULL && flatten_attributes != NULL && configured())
         return 1;
-    PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_ops()");
+    PyErr_SetString(PyExc_RuntimeError,
+                    "autobatch.frontends._recorder used before configure_ops() and configure_recurrent()");
     return 0;
 }
 
@@ -1167,10 +1171,6 @@ static PyObject *shared_int(PyObject *batch, PyObject *value) {
    otherwise (a layer met first, its errors, other operands). */
 static PyObject *recurrent(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (!ops_configured()) return NULL;
-    if (recurrent_python == NULL || recurrent_layers == NULL || flatten_attributes == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "autobatch.frontends._recorder used before configure_recurrent()");
-        return NULL;
-    }
     if (nargs != 6) return PyObject_Vectorcall(recurrent_python, args, nargs, NULL);
     int biased = args[4] != Py_None;
     PyObject *inputs = common_operands(args + 1, 3 + biased);
@@ -1178,7 +1178,8 @@ static PyObject *recurrent(PyObject *module, PyObject *const *args, Py_ssize_t n
         if (PyErr_Occurred()) return NULL;
         return PyObject_Vectorcall(recurrent_python, args, nargs, NULL);
     }
-    /* held while Python code (``shared_constant``, an operand's ``_reads``) runs */
+    /* held from here, while Python code (``shared_constant``, an operand's ``_reads``) runs: the
+       batch and dtype common_operands checked, the shape as it is now */
     TensorObject *t = (TensorObject *)PyList_GET_ITEM(inputs, 0);
     PyObject *batch = Py_NewRef(t->batch), *dtype = Py_NewRef(t->dtype), *shape = Py_XNewRef(t->shape);
     PyObject *key = NULL, *layer = NULL, *one = NULL, *width = NULL, *constant = NULL, *operands = NULL;
@@ -1208,14 +1209,15 @@ static PyObject *recurrent(PyObject *module, PyObject *const *args, Py_ssize_t n
         if (layer == NULL && PyErr_Occurred()) goto done;
         Py_XINCREF(layer);
     }
-    Py_ssize_t dirs = -1, hidden = -1;
+    Py_ssize_t dirs = -1, hidden = -1, states_width = -1;
     if (layer != NULL && PyTuple_CheckExact(layer) && PyTuple_GET_SIZE(layer) == 3
-        && PyDict_CheckExact(PyTuple_GET_ITEM(layer, 2))) {
+        && PyDict_CheckExact(PyTuple_GET_ITEM(layer, 2)) && PyDict_GET_SIZE(PyTuple_GET_ITEM(layer, 2))) {
         dirs = PyLong_AsSsize_t(PyTuple_GET_ITEM(layer, 0));
         hidden = dirs < 0 ? -1 : PyLong_AsSsize_t(PyTuple_GET_ITEM(layer, 1));
-        if (hidden < 0) PyErr_Clear();
+        if (hidden < 0 || __builtin_mul_overflow(dirs, hidden, &states_width)) states_width = -1;
+        PyErr_Clear();
     }
-    if (hidden < 0) {  /* a layer not checked yet, or not the common case: the Python's */
+    if (states_width < 0) {  /* a layer not checked yet, or not the common case: the Python's */
         result = PyObject_Vectorcall(recurrent_python, args, nargs, NULL);
         goto done;
     }
@@ -1270,7 +1272,7 @@ static PyObject *recurrent(PyObject *module, PyObject *const *args, Py_ssize_t n
         goto done;
     }
     /* Y -> [n, dirs * h]; Y_h -> [dirs * h] */
-    width = PyLong_FromSsize_t(dirs * hidden);
+    width = PyLong_FromSsize_t(states_width);
     operands = width == NULL ? NULL : PyList_New(1);
     made = operands == NULL ? NULL : PyTuple_Pack(2, size, width);
     if (made == NULL) goto done;

@@ -13,10 +13,12 @@ its ``__init__``) and ``record_one``, ``record_outputs``, ``record_call``, ``_ap
 ``_outputs_again``, which need its ``_reads``. ``CellBase``: a cell's call
 (``cells.Cell._traced_call``). The C module
 also has the common cases of ``ops._elementwise``, ``ops._tensors``, ``ops.matmul``,
-``ops.pick`` and ``ops.lookup``.
+``ops.pick``, ``ops.lookup``, ``ops.split``, ``ops.concat`` and ``ops._recurrent``.
 
 What the compiled classes do not do that Python classes would: call a subclass's override of
-these methods from each other (``elementwise`` records through C's ``record_one``), take other
+these methods from each other (``elementwise`` records through C's ``record_one``), or of the
+tracer's ``constant`` and ``shared_constant`` where their memos hold the value asked for
+(a pick and a recurrent layer look there first), take other
 than integers in ``producer`` and ``_instance`` or other than a bool in ``reuse_calls``, take
 arguments by keyword but ``attrs``, pickle a tensor, or check a row looked up again against a
 parameter whose array was assigned fewer rows within the block (the Python's memo of rows

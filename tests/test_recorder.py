@@ -190,3 +190,40 @@ def test_a_pick_whose_batch_runs_python_midway_reads_no_freed_fields():
         picked = ops.pick(victim, 1)
         assert picked.shape in ((4,), (7,))  # the shape before the call (C) or after it (Python)
         tracer.discard()
+
+
+@pytest.mark.parametrize("call", ["add", "concat", "split", "lstm"])
+def test_an_op_whose_batch_unbinds_its_operand_midway_raises_and_does_not_crash(call):
+    """The C common cases check their operands' batch and dtype, then read them off the first
+    operand; making a parameter's tensor runs the batch's Python (``parameter``), which here
+    deletes the first operand's batch: that read was of a NULL field (a review's reproducer:
+    the process died, signal 11). Now the Python path runs and says what is wrong."""
+    rng = np.random.default_rng(0)
+    victim = None
+
+    def layer() -> list[Parameter]:  # new parameters each call: the batch makes their tensors
+        return [Parameter(rng.standard_normal(shape).astype(np.float32)) for shape in ((1, 12, 4), (1, 12, 3), (1, 24))]
+
+    def weight() -> Parameter:
+        return Parameter(np.ones((2, 4), np.float32))
+
+    class Unbinding(Tracer):
+        def parameter(self, parameter):
+            nonlocal victim
+            if victim is not None:
+                target, victim = victim, None
+                del target.batch
+            return super().parameter(parameter)
+
+    calls = {"add": lambda x: ops.add(x, weight()), "concat": lambda x: ops.concat([x, weight()]),
+             "split": lambda x: ops.split(x, 2), "lstm": lambda x: ops.lstm(x, *layer())}
+    with Unbinding() as tracer:
+        x = tracer.constant(np.ones((2, 4), np.float32))
+        calls[call](x)  # the common case, its layer checked
+        victim = x
+        if call == "split":  # no parameter operand: unbound before the call
+            del x.batch
+        with pytest.raises(AttributeError):
+            calls[call](x)
+        x.batch = tracer
+        tracer.discard()
