@@ -159,12 +159,20 @@ class _Planner(Classing, Layout):
 
 
 def _copy_shared_rows(locations: dict[str, tuple[int, Any]], picked: set[str]) -> None:
-    """A wanted row picked from a block is read as a copy where another wanted value lies in
-    that block: results never share memory (as each instance's alone would not)."""
-    per_arena = Counter(arena for arena, _ in locations.values())
+    """A wanted row picked from a block is read as a copy where another wanted value of that
+    block may share its memory: the block's own rows, or the same row picked again. Results
+    never share memory (as each instance's alone would not); rows of a block each picked once
+    (a parser's 1,733 feature vectors a minibatch) are views of distinct rows, read as they lie."""
+    picks: Counter[tuple[int, int]] = Counter()  # (block, row) -> the wanted values picked there
+    whole: set[int] = set()  # blocks that hold a wanted value other than a row picked from them
+    for name, (arena, rows) in locations.items():
+        if name in picked and type(rows) is int:
+            picks[arena, rows] += 1
+        else:
+            whole.add(arena)
     for name in picked.intersection(locations):
         arena, rows = locations[name]
-        if per_arena[arena] > 1:
+        if arena in whole or picks[arena, rows] > 1:
             locations[name] = (arena, Copied(rows))
 
 

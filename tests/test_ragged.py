@@ -13,7 +13,7 @@ import pytest
 
 import autobatch
 from autobatch import Batch, Parameter, ops
-from autobatch.batcher.plan import Block, Pieces
+from autobatch.batcher.plan import Block, Copied, Pieces
 from tests.oracle import assert_batched_equals_alone, traced_alone
 
 LENGTHS = [3, 1, 5, 3, 2, 5, 4]
@@ -506,7 +506,8 @@ def test_an_index_outside_its_instance_fails_as_alone_and_never_reads_another_in
 
 def test_results_share_no_memory_when_rows_are_picked_or_stacked(backend):
     """A picked row is its block's row and a stack reads its rows at once: results a caller gets
-    must still be arrays of their own, as each instance's alone are (found by a review)."""
+    must still be arrays of their own, as each instance's alone are (found by a review): a row
+    beside its block, and one row picked twice, are copies."""
     rng = np.random.default_rng(9)
     xs = [rng.standard_normal((n, 4)).astype(np.float32) for n in (3, 5)]
     with Batch(backend=backend) as batch:
@@ -519,6 +520,14 @@ def test_results_share_no_memory_when_rows_are_picked_or_stacked(backend):
         assert not np.shares_memory(values[j], values[2 + j])  # a block and its picked row
         assert not np.shares_memory(values[4 + j], values[6 + j])  # rows and their stack
         np.testing.assert_array_equal(values[6 + j], values[4 + j])
+    with Batch(backend=backend) as batch:  # rows alone in their block (not wanted): one picked twice, others once
+        rows = [ops.index(t, k) for t in [ops.tanh(batch.constant(x)) for x in xs] for k in (0, 1, -2, 2)]
+        values = batch.run(rows)  # (1 and -2: the same row of the first)
+        assert sum(type(rows) is Copied for _, rows in batch.last_plan.locations.values()) == 2
+    for (j, k), value in zip(((j, k) for j in range(len(xs)) for k in (0, 1, -2, 2)), values, strict=True):
+        np.testing.assert_allclose(value, np.tanh(xs[j][k]), rtol=1e-6)
+    assert not np.shares_memory(values[1], values[2])
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(values) for b in values[i + 1:])
     session = autobatch.InferenceSession(model("h = Tanh(x)\n y = Gather<axis=0>(h, one)", outputs="float[N, 4] h, float[4] y",
                                                weights="int64 one = {1}"), backend=backend, alone_when_faster=False)
     results = session.run_batch(None, feeds([3, 5, 2]))
