@@ -67,7 +67,8 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     cache.make_room()  # between plans, never during one
     start = time.perf_counter()
     planner = _Planner(cache, weights, literals, functions, opsets, known, literals_fixed)
-    records, preds = _live(records, producers)
+    traced = records
+    records, preds, kept = _live(records, producers)
     schedule = None if apart else planner.round_classes(records, preds)
     a_round = schedule is not None
     if a_round:  # a lockstep round of classes met before: no problem to sign
@@ -82,10 +83,12 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
         scheduled = time.perf_counter()
         lower_bound = problem.deferred_lower_bound()
     steps: list[Step] = []
+    members: list[list[int] | None] = []  # per step, its group where it is the group's one step (``rounds``)
     launches_by_op: Counter[str] = Counter()
     for group in schedule:  # a step a launch; rows picked where they lie make none (``Layout._picked_rows``)
         made = planner.steps(list(map(records.__getitem__, group)), planner.record_class[group[0]])
         steps += made
+        members += [group] if len(made) == 1 else [None] * len(made)
         if made:
             launches_by_op[records[group[0]].op_type] += len(made)
     locations = planner.places(wanted)
@@ -115,8 +118,13 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
                          {"analyse": analysed - start, "schedule": scheduled - analysed, "plan": done - scheduled},
                          alone=dict(reasons), launches_by_op=dict(launches_by_op), by_shape=dict(planner.by_shape))
     plan = FlatPlan(planner.arena_kinds, planner.rows, planner.blocks, planner.literal_runs, steps, locations, report)
-    if rounds is not None and a_round:
-        rounds.learn(records, plan)
+    if rounds is not None:
+        if a_round:
+            rounds.learn(records, plan)
+        if not planner.picked:  # (a plan that read a literal's value holds for that value only)
+            if kept is not None:  # members by their place among the records traced
+                members = [None if group is None else [kept[j] for j in group] for group in members]
+            rounds.learn_round(traced, producers, wanted, plan, members)
     return plan
 
 
@@ -176,17 +184,18 @@ def _copy_shared_rows(locations: dict[str, tuple[int, Any]], picked: set[str]) -
             locations[name] = (arena, Copied(rows))
 
 
-def _live(records: Sequence[Record], producers: Sequence[int]) -> tuple[Sequence[Record], list[list[int]]]:
-    """The records that lead to a wanted value (usually all), and their predecessors
-    renumbered among them."""
+def _live(records: Sequence[Record], producers: Sequence[int]
+          ) -> tuple[Sequence[Record], list[list[int]], list[int] | None]:
+    """The records that lead to a wanted value (usually all), their predecessors renumbered
+    among them, and where each was among the records given (None: all of them, in place)."""
     preds = [record.preds for record in records]
     alive = bytearray(len(records))
     count = (SCHEDULING.alive if SCHEDULING is not None else _alive)(preds, producers, alive)
     if count == len(records):
-        return records, preds
+        return records, preds, None
     kept = [i for i, flag in enumerate(alive) if flag]
     index = {old: new for new, old in enumerate(kept)}
-    return [records[i] for i in kept], [[index[p] for p in preds[i]] for i in kept]
+    return [records[i] for i in kept], [[index[p] for p in preds[i]] for i in kept], kept
 
 
 def _alive(preds: Sequence[Sequence[int]], producers: Sequence[int], alive: bytearray) -> int:

@@ -13,10 +13,20 @@ value, a key or attributes not the learnt ones, other than one output a record, 
 a literal of an arena's dtype, outputs not all wanted in trace order. Its caller keeps it only
 while the names in the keys denote the same weights, unchanged (``Batch``: a traced block's,
 its weights frozen).
+
+Any other round (a decoder's: an LSTM step and an output cell reading its ``h``, a program) is
+made from the plan of a round of the same records: the same keys and the same predecessors
+(positions within the round: two list compares decide it), as many of them, the same values
+wanted. Then the planner would sign, schedule and lay it out as it did that one; only the
+literals its steps stack are other values, re-bound by their records' positions (checked when
+learnt: a step that stacked them in another order is not kept). Not kept either: plans that
+read literals' values (rows picked by a literal index, tree folds), place literals in arenas,
+keep values loose, run a member alone, or left a record out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import time
@@ -31,9 +41,10 @@ from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Recent
 from autobatch.ir.records import Record
 
-_INPUTS, _OUTPUTS, _KEY = map(operator.attrgetter, ("inputs", "outputs", "key"))
+_INPUTS, _OUTPUTS, _KEY, _PREDS = map(operator.attrgetter, ("inputs", "outputs", "key", "preds"))
 _FIRST = operator.itemgetter(0)
-KEPT = 8  # rounds' shapes kept (a program's few kinds of call)
+KEPT = 8  # rounds' shapes kept (a program's few kinds of call), and kinds of rounds of the same records
+ALIKE = 4  # rounds of as many records, the first of one key, kept: a program's round may alternate
 
 
 @dataclass
@@ -47,20 +58,42 @@ class _Shape:
     write: tuple[int, int]  # (arena, slot): the output's rows from ``slot * N``
 
 
+@dataclass
+class _Round:
+    """A learnt round's plan, but for the literals its steps stack."""
+
+    keys: list  # of its records, in order
+    preds: list[list[int]]  # of its records: positions within the round
+    attributes: list[tuple[dict, tuple]]  # its records' attributes objects, and what each said
+    slots: list[tuple[int, int]]  # per wanted value: (record, output)
+    places: list[tuple[int, Any]]  # per wanted value: where the plan puts it
+    plan: FlatPlan
+    # per step, the reads re-bound: (read, the (record, operand) each of its names is)
+    stacked: list[list[tuple[int, list[tuple[int, int]]]]]
+
+
 class RoundPlans:
     """The plans of lockstep rounds met so far, by their members' key (one ``Batch``'s)."""
 
     def __init__(self) -> None:
         self._shapes: Recent = Recent(KEPT)
+        self._rounds: Recent = Recent(KEPT)
+        self._met: Recent = Recent(KEPT * ALIKE)  # (records, first key) of rounds planned: a second is learnt
         self.reused = 0  # rounds planned by ``again``
 
     def again(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray],
               scheduler: str) -> FlatPlan | None:
         """The plan of a round shaped as one learnt before, or None (the planner plans it);
-        ``scheduler``: the name its report gives (every scheduler makes this plan)."""
+        ``scheduler``: the name its report gives (the planner's for that round)."""
         if not records:
             return None
         start = time.perf_counter()
+        made = self._again_call(records, wanted, literals, scheduler, start)
+        return made if made is not None else self._again_round(records, wanted, literals, scheduler, start)
+
+    def _again_call(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray],
+                    scheduler: str, start: float) -> FlatPlan | None:
+        """``again`` for a round of one call a program (``learn``), whatever their number."""
         first = records[0]
         key = first.key
         shape: _Shape | None = self._shapes.get(key)
@@ -115,3 +148,87 @@ class RoundPlans:
             return
         self._shapes[key] = _Shape(attributes_key(records[0].attributes), template, list(plan.kinds),
                                    [rows // n for rows in plan.rows], (arena, row // n))
+
+    def _again_round(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray],
+                     scheduler: str, start: float) -> FlatPlan | None:
+        """``again`` for a round of the same records as one learnt (``learn_round``)."""
+        candidates: list[_Round] = self._rounds.get((len(records), records[0].key), [])
+        keys = preds = None
+        for learnt in candidates:
+            if len(wanted) != len(learnt.slots):
+                continue
+            if keys is None:
+                keys, preds = list(map(_KEY, records)), list(map(_PREDS, records))
+            if keys == learnt.keys and preds == learnt.preds \
+                    and all(attributes_key(attributes) == said for attributes, said in learnt.attributes) \
+                    and [records[j].outputs[o] for j, o in learnt.slots] == list(wanted):
+                break
+        else:
+            return None
+        plan = learnt.plan
+        steps = []
+        for step, rebound in zip(plan.steps, learnt.stacked):
+            if not rebound:
+                steps.append(step)
+                continue
+            reads = list(step.reads)
+            for k, reads_of in rebound:
+                names = [records[j].inputs[i] for j, i in reads_of]
+                if getattr(literals.get(names[0]), "dtype", None) not in ARENA_DTYPES \
+                        or not all(map(literals.__contains__, names)):
+                    return None
+                reads[k] = (LITERALS, names)
+            steps.append(dataclasses.replace(step, reads=reads))
+        was = plan.report
+        report = dataclasses.replace(was, scheduler=scheduler, execution={}, alone=dict(was.alone),
+                                     launches_by_op=dict(was.launches_by_op), by_shape=dict(was.by_shape),
+                                     seconds={"analyse": 0.0, "schedule": 0.0, "plan": time.perf_counter() - start})
+        self.reused += 1
+        return FlatPlan(list(plan.kinds), list(plan.rows), set(plan.blocks), [], steps,
+                        dict(zip(wanted, learnt.places)), report)
+
+    def learn_round(self, records: Sequence[Record], producers: Sequence[int], wanted: Sequence[str],
+                    plan: FlatPlan, members: list[list[int] | None]) -> None:
+        """Keep a round's plan for ``again`` to make a round of the same records from (any
+        round the planner planned); ``members``: per step, the records it ran (their places
+        among ``records``, the records traced), in the order its operands stack them (None:
+        not one step of a group). Learnt from the second round of as many records, the first
+        of one key, planned: a round met once (a program's first, thousands of records) costs
+        this no pass over its records."""
+        where = (len(records), records[0].key) if records else None
+        if where is None or self._met.get(where) is None:
+            if where is not None:
+                self._met[where] = True
+            return
+        if plan.literal_runs or len(members) != len(plan.steps) \
+                or any(arena < 0 for arena, _ in plan.locations.values()):
+            return
+        stacked: list[list[tuple[int, list[tuple[int, int]]]]] = []
+        for step, group in zip(plan.steps, members):
+            template = step.template
+            if template is not None and template.solo or step.fold is not None \
+                    or any(type(write) is tuple and write[0] < 0 for write in step.writes):
+                return
+            rebound = []
+            for k, read in enumerate(step.reads):
+                parts = read if type(read) is list else [read]
+                if all(arena >= 0 for arena, _ in parts):
+                    continue
+                if type(read) is list or type(read[1]) is not list or group is None or template is None:
+                    return  # (names elsewhere: pieces, a loose value, literals among a ragged step's groups)
+                # the members' operand at the template's input, or every operand of each (a stack's rows)
+                for reads_of in ([(j, template.stacked[k]) for j in group],
+                                 [(j, i) for j in group for i in range(len(records[j].inputs))]):
+                    if [records[j].inputs[i] for j, i in reads_of] == read[1]:
+                        rebound.append((k, reads_of))
+                        break
+                else:
+                    return
+            stacked.append(rebound)
+        slots = [(j, records[j].outputs.index(name)) for j, name in zip(producers, wanted)]
+        held = {id(record.attributes): record.attributes for record in records}
+        report = dataclasses.replace(plan.report, bound=plan.report.lower_bound, execution={})  # no problem kept
+        learnt = _Round(list(map(_KEY, records)), list(map(_PREDS, records)),
+                        [(attributes, attributes_key(attributes)) for attributes in held.values()], slots,
+                        [plan.locations[name] for name in wanted], dataclasses.replace(plan, report=report), stacked)
+        self._rounds[where] = [learnt, *self._rounds.get(where, [])][:ALIKE]  # the latest first: rounds alternate

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from autobatch import Batch, Parameter, ProgramFailure, cell, ops, run_programs
+from autobatch import Batch, Parameter, ProgramFailure, cell, fold_tree, ops, run_programs
 from autobatch.batcher.classing import Classing
 from autobatch.batcher.rounds import RoundPlans
 from autobatch.examples import parser
@@ -73,6 +73,14 @@ def _counted(rounds: dict[str, int]) -> Any:
         return launches
 
     return round_classes
+
+
+def _each_as_alone(program: Any, inputs: list, together: list, backend: str) -> None:
+    """Every program's values equal its run alone."""
+    for x, got in zip(inputs, together, strict=True):
+        alone = run_programs(program, [x], backend=backend)[0]
+        for a, b in zip(got, alone, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 # Two attribute dicts of one content: records under each have keys apart and one signature class.
@@ -180,10 +188,109 @@ def test_rounds_of_one_call_are_made_from_the_last_whatever_the_programs_left(ba
     assert batch.rounds["reused"] >= len(batch.reports) - 5 and batch.rounds["signed"] >= 1, batch.rounds
     sizes = [report.nodes for report in batch.reports]
     assert len(set(sizes)) >= 4, sizes  # rounds of every number of programs left
-    for a, got in zip(args, together, strict=True):
-        alone = run_programs(lambda a: program(*a), [a], backend=backend)[0]
-        for x, y in zip(got, alone, strict=True):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    _each_as_alone(lambda a: program(*a), args, together, backend)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_rounds_of_the_same_records_are_made_from_the_last_such_round(backend: str) -> None:
+    """A decoder a program: each round an LSTM step cell (two outputs), an output cell reading
+    its new state and a row-wise op over the scores. Rounds of the same records, as many of
+    them, the same values wanted, are made from the plan of the last such round, step for step
+    the plan signing makes: here while every program is left (programs of different lengths
+    end one by one after that). Rounds alike but for what they read within the round (the
+    fourth reads the last round's state, not this round's) or for the values they hold (the
+    row-wise op's result every other round, else the scores twice) are planned; so are the rows
+    of a stack of earlier values, re-bound by record and operand. Every program's values equal
+    its run alone."""
+    hidden, vocabulary = 6, 5
+    E = Parameter(RNG.standard_normal((vocabulary, hidden)).astype(np.float32)).freeze()
+    W, U = (Parameter(RNG.standard_normal((hidden, 4 * hidden)).astype(np.float32) * 0.3).freeze() for _ in range(2))
+    O = Parameter(RNG.standard_normal((hidden, vocabulary)).astype(np.float32)).freeze()
+
+    @cell
+    def step(x: Any, h: Any, c: Any) -> tuple[Any, Any]:
+        i, f, o, g = ops.split(ops.matmul(x, W) + ops.matmul(h, U), 4)
+        c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
+        return ops.sigmoid(o) * ops.tanh(c), c
+
+    out = cell(lambda h: ops.matmul(h, O))
+
+    async def decode(first: int, length: int) -> list[np.ndarray]:
+        h = c = ops.zeros((hidden,))
+        token, seen = first, []
+        earlier = [ops.zeros((vocabulary,))] * 2  # the last two rounds' scores: values by this round
+        for t in range(length):
+            last = h
+            h, c = step(ops.lookup(E, token), h, c)
+            state = last if t == 3 else h  # in the fourth round: the last round's state, a value
+            scores = out(state)
+            squashed = ops.tanh(scores)
+            held = squashed if t % 2 else out(state)  # else the scores again: one record, two tensors
+            del squashed
+            recent = ops.reduce_sum(ops.stack(earlier), 0)  # known rows stacked: a step's names not by member
+            value = await scores
+            seen += [value, await held, await recent]
+            earlier = [earlier[1], scores]
+            token = int(np.argmax(value))
+        return seen
+
+    args = [(k % vocabulary, 8 + k % 3) for k in range(6)]
+    batch = _BothWays(backend)
+    together = run_programs(lambda a: decode(*a), args, batch=batch)
+    assert not any(isinstance(got, ProgramFailure) for got in together), [str(got) for got in together]
+    assert batch.rounds["reused"] >= 3, batch.rounds
+    _each_as_alone(lambda a: decode(*a), args, together, backend)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_round_whose_plan_read_a_literals_value_is_planned_again(backend: str) -> None:
+    """Rows picked where they lie by a known index (``Layout._picked_rows``): the plan holds
+    for that index only, so a round of the same records picking another row is planned."""
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        vectors = [ops.tanh(ops.add(row, np.float32(0.0))) for row in start]
+        await vectors[-1]
+        seen = []
+        for t in range(5):
+            states = ops.stack(vectors)  # the rows known before the round, kept as a block
+            row = ops.index(states, t % 2)
+            del states
+            seen.append(await row)
+        return seen
+
+    starts = [RNG.standard_normal((2 + k, 3)).astype(np.float32) for k in range(3)]
+    batch = _BothWays(backend)
+    together = run_programs(program, starts, batch=batch)
+    assert all("Gather" not in report.launches_by_op for report in batch.reports)  # picked, not launched
+    for start, got in zip(starts, together, strict=True):
+        for t, value in enumerate(got):
+            np.testing.assert_allclose(value, np.tanh(start[t % 2]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_rounds_of_tree_folds_are_planned_for_their_trees(backend: str) -> None:
+    """A tree fold's plan holds for the trees it was made from (their children are literals'
+    values): rounds that fold other trees of as many nodes are planned again."""
+    W = Parameter(RNG.standard_normal((3, 3)).astype(np.float32) * 0.5).freeze()
+    leaf = cell(lambda x: ops.tanh(ops.matmul(x, W)))
+    node = cell(lambda left, right: ops.tanh(left + right * np.float32(2.0)))
+    shapes = [[None, None, None, (0, 1), (3, 2)], [None, None, None, (1, 2), (0, 3)]]  # 3 leaves, 5 nodes each
+
+    async def program(leaves: np.ndarray) -> list[np.ndarray]:
+        # (leaves computed within the round: the fold's only literal is its tree)
+        return [await fold_tree(leaf, node, ops.add(leaves, np.float32(0.0)), shapes[t % 2])[0] for t in range(4)]
+
+    def alone(leaves: np.ndarray, children: list) -> np.ndarray:
+        states: list[np.ndarray] = []
+        for k, pair in enumerate(children):
+            states.append(np.tanh(leaves[k] @ W.array) if pair is None
+                          else np.tanh(states[pair[0]] + states[pair[1]] * np.float32(2.0)))
+        return np.stack(states)
+
+    starts = [RNG.standard_normal((3, 3)).astype(np.float32) for _ in range(3)]
+    together = run_programs(program, starts, batch=_BothWays(backend))
+    for start, got in zip(starts, together, strict=True):
+        for t, value in enumerate(got):
+            np.testing.assert_allclose(value, alone(start, shapes[t % 2]), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
