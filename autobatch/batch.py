@@ -58,7 +58,7 @@ class Batch(Tracer):
 
     def __init__(self, backend: str = "numpy", scheduler: str = "level", threads: int = 0,
                  providers: Sequence[str] | None = None, reuse_calls: bool = True,
-                 whole_plan: bool = False) -> None:
+                 whole_plan: bool = False, reuse_rounds: bool = True) -> None:
         """``backend``: "numpy" or "onnxruntime"; ``scheduler``: "depth", "agenda" or "level".
         ``threads``: onnxruntime's intra-op threads (0: its own choice); NumPy's BLAS takes its
         thread count from the environment (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``), as
@@ -70,7 +70,9 @@ class Batch(Tracer):
         minibatch, so its session is made every time: on the CPU that made a minibatch 5-240
         times slower than its steps (benchmarks/README.md); on CUDA ``benchmarks/gpu_check.sh``
         measures both. A plan that cannot (``whole_plan_refusal``, or onnxruntime refuses its
-        session) runs step by step. ``reuse_calls``: see ``Tracer``."""
+        session) runs step by step. ``reuse_calls``: see ``Tracer``. ``reuse_rounds``: a lockstep
+        round (``run_programs``) like one planned before is made from that one's plan
+        (``batcher.rounds``); False plans every round (``benchmarks.lockstep_rounds`` measures both)."""
         get_scheduler(scheduler)  # an unknown name fails here, not at the first run
         super().__init__(reuse_calls)
         self.backend = backend
@@ -80,6 +82,7 @@ class Batch(Tracer):
         self.whole_plan = whole_plan and self._ort_settings is not None
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
+        self.reuse_rounds = reuse_rounds
         self._rounds = RoundPlans()  # lockstep rounds' plans (``run_programs``), a block's (``__enter__``)
 
     def __enter__(self) -> Batch:
@@ -88,13 +91,19 @@ class Batch(Tracer):
         self._rounds = RoundPlans()
         return super().__enter__()  # type: ignore[return-value]
 
+    @property
+    def reused_rounds(self) -> int:
+        """Lockstep rounds of this block made from an earlier round's plan (``reuse_rounds``)."""
+        return self._rounds.reused
+
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:
         """The plan that computing these pending tensors runs (its ``report`` says how it
         batches them); nothing runs, and the batch stays pending."""
         names, producers = [t.name for t in wanted], [t.producer for t in wanted]
         frozen = frozen_weights(self._weights)
         # (A template may hold a small weight by value: one changed in place since is read anew.)
-        again = self._rounds.again(self._records, names, self._literals, self.scheduler) if frozen else None
+        rounds = self._rounds if self.reuse_rounds else None
+        again = rounds.again(self._records, names, self._literals, self.scheduler) if rounds and frozen else None
         if again is not None:
             return again
         try:
@@ -102,7 +111,7 @@ class Batch(Tracer):
             return plan_records(self._records, names, producers, self._weights,
                                 self._literals, self.functions, self._opsets(), self.scheduler, known,
                                 cache=TRACED_TEMPLATES, literals_fixed=True,  # a traced plan runs on its own data once
-                                rounds=self._rounds)
+                                rounds=rounds)
         except NotFlat as why:
             raise TraceError(str(why)) from None
 

@@ -35,6 +35,17 @@ def test_benchmarks_quick(tmp_path: Path) -> None:
         assert all(r["check"] == "ok" and r["instances_per_s"] > 0 for r in records if r["task"] == task)
 
 
+def test_lockstep_rounds_benchmark_compares_both_ways_and_checks_they_agree(capsys) -> None:
+    from benchmarks import lockstep_rounds
+
+    lockstep_rounds.main(["--programs", "6", "--size", "8", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    for task in ("parser (sequences)", "greedy decoder"):
+        planned, made = (line.split() for line in lines if line.startswith(task))
+        assert planned[-3] == "0" and int(made[-3]) > 0, (planned, made)  # rounds made from a plan: none, some
+    assert sum("results agree: yes" in line for line in lines) == 2, lines
+
+
 def test_unknown_task_is_refused_before_anything_runs() -> None:
     with pytest.raises(SystemExit) as refused:
         main(["--quick", "--tasks", "treelstm,tagger"])

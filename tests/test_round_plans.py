@@ -46,9 +46,9 @@ class _BothWays(Batch):
         self.rounds = {"reused": 0, "without signing": 0, "signed": 0, "two keys, one class": 0}
 
     def plan(self, wanted: Any) -> Any:
-        reused = self._rounds.reused
+        reused = self.reused_rounds
         plan = super().plan(wanted)
-        self.rounds["reused"] += self._rounds.reused - reused
+        self.rounds["reused"] += self.reused_rounds - reused
         fast = self.rounds["without signing"]
         with mock.patch.object(Classing, "round_classes", _counted(self.rounds)), \
                 mock.patch.object(self, "_rounds", RoundPlans()):  # one that learnt nothing: never reuses
@@ -369,4 +369,4 @@ def test_a_round_after_its_weight_changed_is_not_made_from_the_plan_before(backe
         if block:
             W.array = RNG.standard_normal((4, 4)).astype(np.float32)
         W.freeze()
-    assert batch._rounds.reused >= 2
+    assert batch.reused_rounds >= 2
