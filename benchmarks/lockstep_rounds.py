@@ -22,6 +22,7 @@ from autobatch import Batch, Parameter, ProgramFailure, cell, ops, run_programs
 from autobatch import arguments
 from autobatch.datasets import wikiner_sentences
 from autobatch.examples import parser
+from autobatch.examples.common import lstm_step
 
 VOCABULARY = 50
 
@@ -33,15 +34,9 @@ def decoder(size: int) -> Callable[[tuple[int, int]], Any]:
     def weight(*shape: int, scale: float) -> Parameter:
         return Parameter(rng.standard_normal(shape).astype(np.float32) * scale).freeze()
 
-    E, W, U, O = weight(VOCABULARY, size, scale=0.1), weight(size, 4 * size, scale=0.05), \
-        weight(size, 4 * size, scale=0.05), weight(size, VOCABULARY, scale=0.1)
-
-    @cell
-    def step(x: Any, h: Any, c: Any) -> tuple[Any, Any]:
-        i, f, o, g = ops.split(ops.matmul(x, W) + ops.matmul(h, U), 4)
-        c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
-        return ops.sigmoid(o) * ops.tanh(c), c
-
+    E, W, U, b, O = weight(VOCABULARY, size, scale=0.1), weight(size, 4 * size, scale=0.05), \
+        weight(size, 4 * size, scale=0.05), weight(4 * size, scale=0.1), weight(size, VOCABULARY, scale=0.1)
+    step = cell(lambda x, h, c: lstm_step(x, h, c, W, U, b))
     out = cell(lambda h: ops.matmul(h, O))
 
     async def decode(job: tuple[int, int]) -> list[int]:

@@ -15,6 +15,7 @@ from autobatch import Batch, Parameter, ProgramFailure, cell, fold_tree, ops, ru
 from autobatch.batcher.classing import Classing
 from autobatch.batcher.rounds import RoundPlans
 from autobatch.examples import parser
+from autobatch.examples.common import lstm_step
 
 RNG = np.random.default_rng(0)
 
@@ -205,14 +206,9 @@ def test_rounds_of_the_same_records_are_made_from_the_last_such_round(backend: s
     hidden, vocabulary = 6, 5
     E = Parameter(RNG.standard_normal((vocabulary, hidden)).astype(np.float32)).freeze()
     W, U = (Parameter(RNG.standard_normal((hidden, 4 * hidden)).astype(np.float32) * 0.3).freeze() for _ in range(2))
+    b = Parameter(np.zeros(4 * hidden, np.float32)).freeze()
     O = Parameter(RNG.standard_normal((hidden, vocabulary)).astype(np.float32)).freeze()
-
-    @cell
-    def step(x: Any, h: Any, c: Any) -> tuple[Any, Any]:
-        i, f, o, g = ops.split(ops.matmul(x, W) + ops.matmul(h, U), 4)
-        c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
-        return ops.sigmoid(o) * ops.tanh(c), c
-
+    step = cell(lambda x, h, c: lstm_step(x, h, c, W, U, b))
     out = cell(lambda h: ops.matmul(h, O))
 
     async def decode(first: int, length: int) -> list[np.ndarray]:
