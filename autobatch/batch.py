@@ -102,8 +102,8 @@ class Batch(Tracer):
         names, producers = [t.name for t in wanted], [t.producer for t in wanted]
         frozen = frozen_weights(self._weights)
         # (A template may hold a small weight by value: one changed in place since is read anew.)
-        rounds = self._rounds if self.reuse_rounds else None
-        again = rounds.again(self._records, names, self._literals, self.scheduler) if rounds and frozen else None
+        rounds = self._rounds if self.reuse_rounds and frozen else None
+        again = rounds.again(self._records, names, self._literals, self.scheduler) if rounds else None
         if again is not None:
             return again
         try:

@@ -83,12 +83,12 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
         scheduled = time.perf_counter()
         lower_bound = problem.deferred_lower_bound()
     steps: list[Step] = []
-    members: list[list[int] | None] = []  # per step, its group where it is the group's one step (``rounds``)
+    step_groups: list[list[int] | None] = []  # per step, its group where it is the group's one step (``rounds``)
     launches_by_op: Counter[str] = Counter()
     for group in schedule:  # a step a launch; rows picked where they lie make none (``Layout._picked_rows``)
         made = planner.steps(list(map(records.__getitem__, group)), planner.record_class[group[0]])
         steps += made
-        members += [group] if len(made) == 1 else [None] * len(made)
+        step_groups += [group] if len(made) == 1 else [None] * len(made)
         if made:
             launches_by_op[records[group[0]].op_type] += len(made)
     locations = planner.places(wanted)
@@ -123,8 +123,8 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
             rounds.learn(records, plan)
         if not planner.picked:  # (a plan that read a literal's value holds for that value only)
             if kept is not None:  # members by their place among the records traced
-                members = [None if group is None else [kept[j] for j in group] for group in members]
-            rounds.learn_round(traced, producers, wanted, plan, members)
+                step_groups = [None if group is None else [kept[j] for j in group] for group in step_groups]
+            rounds.learn_round(traced, producers, wanted, plan, step_groups)
     return plan
 
 

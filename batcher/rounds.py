@@ -15,13 +15,13 @@ while the names in the keys denote the same weights, unchanged (``Batch``: a tra
 its weights frozen).
 
 Any other round (a decoder's: an LSTM step and an output cell reading its ``h``, a program) is
-made from the plan of a round of the same records: the same keys and the same predecessors
-(positions within the round: two list compares decide it), as many of them, the same values
-wanted. Then the planner would sign, schedule and lay it out as it did that one; only the
-literals its steps stack are other values, re-bound by their records' positions (checked when
-learnt: a step that stacked them in another order is not kept). Not kept either: plans that
-read literals' values (rows picked by a literal index, tree folds), place literals in arenas,
-keep values loose, run a member alone, or left a record out.
+made from the plan of a round of the same records: the same keys, the same values read within
+the round (each record's by the record and output that makes it), as many records, the same
+values wanted. Then the planner would sign, schedule and lay it out as it did that one; only the
+literals its steps stack are other values, re-bound by their records' places (checked when
+learnt). Not kept: plans that read literals' values (rows picked by a literal index, tree
+folds), place literals in arenas, keep values loose, run a member alone, or stack literals in
+a ragged step (its members in the order of their lengths).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Recent
 from autobatch.ir.records import Record
 
-_INPUTS, _OUTPUTS, _KEY, _PREDS = map(operator.attrgetter, ("inputs", "outputs", "key", "preds"))
+_INPUTS, _OUTPUTS, _KEY = map(operator.attrgetter, ("inputs", "outputs", "key"))
 _FIRST = operator.itemgetter(0)
 KEPT = 8  # rounds' shapes kept (a program's few kinds of call), and kinds of rounds of the same records
 ALIKE = 4  # rounds of as many records, the first of one key, kept: a program's round may alternate
@@ -63,7 +63,7 @@ class _Round:
     """A learnt round's plan, but for the literals its steps stack."""
 
     keys: list  # of its records, in order
-    preds: list[list[int]]  # of its records: positions within the round
+    links: list[tuple[int, int, int, int]]  # each value read within the round: (record, operand, maker, output)
     attributes: list[tuple[dict, tuple]]  # its records' attributes objects, and what each said
     slots: list[tuple[int, int]]  # per wanted value: (record, output)
     places: list[tuple[int, Any]]  # per wanted value: where the plan puts it
@@ -153,13 +153,13 @@ class RoundPlans:
                      scheduler: str, start: float) -> FlatPlan | None:
         """``again`` for a round of the same records as one learnt (``learn_round``)."""
         candidates: list[_Round] = self._rounds.get((len(records), records[0].key), [])
-        keys = preds = None
+        keys = links = None
         for learnt in candidates:
             if len(wanted) != len(learnt.slots):
                 continue
             if keys is None:
-                keys, preds = list(map(_KEY, records)), list(map(_PREDS, records))
-            if keys == learnt.keys and preds == learnt.preds \
+                keys, links = list(map(_KEY, records)), _links(records)
+            if keys == learnt.keys and links == learnt.links \
                     and all(attributes_key(attributes) == said for attributes, said in learnt.attributes) \
                     and [records[j].outputs[o] for j, o in learnt.slots] == list(wanted):
                 break
@@ -214,8 +214,9 @@ class RoundPlans:
                 parts = read if type(read) is list else [read]
                 if all(arena >= 0 for arena, _ in parts):
                     continue
-                if type(read) is list or type(read[1]) is not list or group is None or template is None:
-                    return  # (names elsewhere: pieces, a loose value, literals among a ragged step's groups)
+                if type(read) is list or type(read[1]) is not list or group is None or template is None \
+                        or step.groups is not None:
+                    return  # (names elsewhere: pieces, a loose value; a ragged step's members by length)
                 # the members' operand at the template's input, or every operand of each (a stack's rows)
                 for reads_of in ([(j, template.stacked[k]) for j in group],
                                  [(j, i) for j in group for i in range(len(records[j].inputs))]):
@@ -227,8 +228,18 @@ class RoundPlans:
             stacked.append(rebound)
         slots = [(j, records[j].outputs.index(name)) for j, name in zip(producers, wanted)]
         held = {id(record.attributes): record.attributes for record in records}
-        report = dataclasses.replace(plan.report, bound=plan.report.lower_bound, execution={})  # no problem kept
-        learnt = _Round(list(map(_KEY, records)), list(map(_PREDS, records)),
+        # the bound worked out now: the report's way to it holds the round's whole problem
+        report = dataclasses.replace(plan.report, bound=plan.report.lower_bound, execution={})
+        learnt = _Round(list(map(_KEY, records)), _links(records),
                         [(attributes, attributes_key(attributes)) for attributes in held.values()], slots,
                         [plan.locations[name] for name in wanted], dataclasses.replace(plan, report=report), stacked)
         self._rounds[where] = [learnt, *self._rounds.get(where, [])][:ALIKE]  # the latest first: rounds alternate
+
+
+def _links(records: Sequence[Record]) -> list[tuple[int, int, int, int]]:
+    """Each value a record reads that a record of the round makes: (reader, its operand, maker,
+    the maker's output), in order. (Predecessors alone do not tell which output is read.)"""
+    made = {name: (maker, output) for maker in sorted({p for record in records for p in record.preds})
+            for output, name in enumerate(records[maker].outputs) if name}
+    return [(reader, operand, *made[name]) for reader, record in enumerate(records) if record.preds
+            for operand, name in enumerate(record.inputs) if name in made]

@@ -4,6 +4,7 @@ plan (``batcher.rounds``): each must be the plan signing makes, step for step.""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from unittest import mock
 
@@ -28,6 +29,8 @@ def _facts(plan: Any) -> tuple:
             return ("rows", value.tolist())
         if isinstance(value, (list, tuple)):
             return [rows(item) for item in value]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):  # Runs, Shaped, Copied, ...: arrays inside
+            return type(value).__name__, [rows(getattr(value, f.name)) for f in dataclasses.fields(value)]
         return value
 
     steps = [(id(step.template), step.size, rows(step.reads), step.weights, rows(step.writes)) for step in plan.steps]
@@ -74,6 +77,17 @@ def _counted(rounds: dict[str, int]) -> Any:
         return launches
 
     return round_classes
+
+
+def _checked_rounds(program: Any, inputs: list, backend: str, reused: int) -> _BothWays:
+    """The programs run in a ``_BothWays`` batch (each round's plans compared), at least
+    ``reused`` rounds made from a plan, each program's values equal to its run alone."""
+    batch = _BothWays(backend)
+    together = run_programs(program, inputs, batch=batch)
+    assert not any(isinstance(got, ProgramFailure) for got in together), [str(got) for got in together]
+    assert batch.rounds["reused"] >= reused, batch.rounds
+    _each_as_alone(program, inputs, together, backend)
+    return batch
 
 
 def _each_as_alone(program: Any, inputs: list, together: list, backend: str) -> None:
@@ -230,12 +244,138 @@ def test_rounds_of_the_same_records_are_made_from_the_last_such_round(backend: s
             token = int(np.argmax(value))
         return seen
 
-    args = [(k % vocabulary, 8 + k % 3) for k in range(6)]
+    _checked_rounds(lambda a: decode(*a), [(k % vocabulary, 8 + k % 3) for k in range(6)], backend, reused=3)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rounds_that_repeat_plan_as_signing_does(backend: str, seed: int) -> None:
+    """Each round every program takes the same few ops, of one of two kinds drawn at random
+    and taken in turn (so that rounds repeat, and some are made from an earlier one's plan):
+    a two-output cell and a reader of either output, a split and a half by the program's
+    value, a concat of a value of the round with one of the round before, a stack of earlier
+    values, a row picked by a known index, a row-wise op. Programs of different lengths. Each
+    round's plan equals signing's; each program's values its run alone."""
+    rng = np.random.default_rng(100 + seed)
+    W = Parameter(rng.standard_normal((4, 8)).astype(np.float32) * 0.5).freeze()
+    V = Parameter(rng.standard_normal((8, 4)).astype(np.float32) * 0.5).freeze()
+    pair = cell(lambda x, y: (ops.tanh(ops.matmul(x, W)), ops.sigmoid(ops.matmul(y, W))))
+    shrink = cell(lambda z: ops.tanh(ops.matmul(z, V)))
+    kinds = rng.integers(0, 6, size=2)
+
+    async def program(start: np.ndarray, length: int) -> list[np.ndarray]:
+        x = before = ops.add(start, np.float32(0.0))
+        seen = [await x]
+        for t in range(length):
+            kind, value = kinds[t % 2], seen[-1]
+            if kind == 0:  # a two-output cell, and a reader of the output the value says
+                a, b = pair(x, before)
+                x = shrink(a if value[0] > 0 else b)
+            elif kind == 1:  # a split, and the half the value says
+                left, right = ops.split(ops.concat([x, before]), 2)
+                x = ops.tanh(right if value.sum() > 0 else left)
+            elif kind == 2:  # a value of this round beside one of the round before
+                x = ops.tanh(ops.split(ops.concat([ops.exp(x * np.float32(0.1)), before]), 2)[int(value[1] > 0)])
+            elif kind == 3:  # earlier values stacked, a row picked by a known index
+                x = ops.index(ops.tanh(ops.stack([x, before, x])), int(value[2] > 0))
+            elif kind == 4:  # row-wise
+                x = ops.sigmoid(ops.tanh(x) + before)
+            else:
+                x = shrink(pair(x, x)[1])
+            before = x if t % 2 else before
+            seen.append(await x)
+        return seen
+
+    args = [(rng.standard_normal(4).astype(np.float32), 8 + k % 4) for k in range(7)]
+    _checked_rounds(lambda a: program(*a), args, backend, reused=1)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_round_that_reads_another_output_of_the_same_record_is_planned(backend: str) -> None:
+    """Each program splits its state in two and goes on with the half its value says: rounds
+    of the same keys and predecessors that read another output of the same record (a review's
+    reproducer: the plan of a round that read the left half read it again for the right)."""
+    W = Parameter(RNG.standard_normal((4, 8)).astype(np.float32) * 0.7).freeze()
+    grow = cell(lambda x: ops.tanh(ops.matmul(x, W)))
+
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        x, seen, choice = ops.add(start, np.float32(0.0)), [], 0
+        for _ in range(8):
+            left, right = ops.split(grow(x), 2)
+            x = ops.tanh(right if choice else left)
+            seen.append(await x)
+            choice = int(seen[-1].sum() > 0)
+        return seen
+
+    def by_hand(start: np.ndarray) -> list[np.ndarray]:
+        x, seen, choice = start, [], 0
+        for _ in range(8):
+            halves = np.split(np.tanh(x @ W.array), 2)
+            x = np.tanh(halves[choice])
+            seen.append(x)
+            choice = int(x.sum() > 0)
+        return seen
+
+    starts = [RNG.standard_normal(4).astype(np.float32) for _ in range(4)]
     batch = _BothWays(backend)
-    together = run_programs(lambda a: decode(*a), args, batch=batch)
-    assert not any(isinstance(got, ProgramFailure) for got in together), [str(got) for got in together]
-    assert batch.rounds["reused"] >= 3, batch.rounds
-    _each_as_alone(lambda a: decode(*a), args, together, backend)
+    together = run_programs(program, starts, batch=batch)
+    assert batch.rounds["reused"] >= 1, batch.rounds
+    for start, got in zip(starts, together, strict=True):
+        for a, b in zip(got, by_hand(start), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_program_alone_with_an_op_run_alone_in_its_rounds_runs(backend: str) -> None:
+    """One program whose rounds each hold a batched op over a value of the round before and a
+    random op no rule batches (a review's reproducer: learning such a round raised TypeError)."""
+    async def program(start: np.ndarray) -> list[np.ndarray]:
+        x, seen = ops.add(start, np.float32(0.0)), []
+        for _ in range(4):
+            before = await x
+            x = ops.tanh(x)
+            noise = x.batch.record("RandomUniformLike", [ops.add(before, np.float32(0.0))], [before.shape],
+                                   [before.dtype], {})[0]
+            seen.append(await x)
+            del noise
+        return seen
+
+    start = RNG.standard_normal(3).astype(np.float32)
+    got = run_programs(program, [start], backend=backend)[0]
+    assert not isinstance(got, ProgramFailure), str(got)
+    np.testing.assert_allclose(got, [np.tanh(start), np.tanh(np.tanh(start)), np.tanh(np.tanh(np.tanh(start))),
+                                     np.tanh(np.tanh(np.tanh(np.tanh(start))))], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_ragged_step_that_stacks_literals_is_planned_every_round(backend: str) -> None:
+    """A recurrent layer over sentences of several lengths (a ragged step: its members in the
+    order of their lengths) from initial states that are values of the round before: learnt
+    from rounds where every program read the same zeros, a plan re-bound the states in the
+    programs' order (a review's reproducer). Such steps are not kept."""
+    hidden, features = 4, 3
+    weights = [Parameter(RNG.standard_normal(shape).astype(np.float32) * 0.5).freeze()
+               for shape in ((1, 4 * hidden, features), (1, 4 * hidden, hidden), (1, 8 * hidden))]
+    attributes = {"hidden_size": helper.make_attribute("hidden_size", hidden),
+                  "direction": helper.make_attribute("direction", "forward")}
+
+    async def program(sentence: np.ndarray) -> list[np.ndarray]:
+        h = c = ops.zeros((1, 1, hidden))  # one value every program reads alike
+        seen = []
+        for t in range(5):
+            x = ops.reshape(ops.tanh(ops.add(sentence, np.float32(0.1 * t))), (len(sentence), 1, features))
+            batch = x.batch
+            _, h_n, c_n = batch.record("LSTM", [x, *map(batch.parameter, weights), None, h, c],
+                                       [(len(sentence), 1, 1, hidden), (1, 1, hidden), (1, 1, hidden)],
+                                       [np.dtype(np.float32)] * 3, attributes)
+            seen += [await h_n, await c_n]
+            if t:  # the first two rounds from the shared zeros, the later ones from the last states
+                h, c = h_n, c_n
+        return seen
+
+    sentences = [RNG.standard_normal((n, features)).astype(np.float32) for n in (5, 2, 3)]
+    together = run_programs(program, sentences, batch=_BothWays(backend))
+    _each_as_alone(program, sentences, together, backend)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
