@@ -83,17 +83,23 @@ class Batch(Tracer):
         self.reports: list[BatchReport] = []  # one for every time the batch ran
         self.last_plan: FlatPlan | None = None  # the last run's
         self.reuse_rounds = reuse_rounds
-        self._rounds = RoundPlans()  # lockstep rounds' plans (``run_programs``), a block's (``__enter__``)
+        self._rounds = RoundPlans()  # lockstep rounds' plans (``run_programs``), a block's
 
+    # A block names its parameters anew (``Tracer.__exit__``): after it, a name may denote
+    # another weight than in the rounds learnt, which read it as the one they met.
     def __enter__(self) -> Batch:
-        # A block names its parameters anew (``Tracer.__exit__``): a name may denote another
-        # weight than in the last block, and the rounds learnt there read it as that one.
-        self._rounds = RoundPlans()
+        self._rounds.forget()
         return super().__enter__()  # type: ignore[return-value]
+
+    def __exit__(self, kind: type | None, *rest: Any) -> None:
+        try:
+            super().__exit__(kind, *rest)
+        finally:
+            self._rounds.forget()
 
     @property
     def reused_rounds(self) -> int:
-        """Lockstep rounds of this block made from an earlier round's plan (``reuse_rounds``)."""
+        """Lockstep rounds made from an earlier round's plan (``reuse_rounds``), by this batch."""
         return self._rounds.reused
 
     def plan(self, wanted: Sequence[Tensor]) -> FlatPlan:

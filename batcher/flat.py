@@ -121,7 +121,7 @@ def plan_records(records: Sequence[Record], wanted: Sequence[str], producers: Se
     if rounds is not None:
         if a_round:
             rounds.learn(records, plan)
-        if not planner.picked:  # (a plan that read a literal's value holds for that value only)
+        if not planner.read_literals:  # (a plan that read a literal's value holds for that value only)
             if kept is not None:  # members by their place among the records traced
                 step_groups = [None if group is None else [kept[j] for j in group] for group in step_groups]
             rounds.learn_round(traced, producers, wanted, plan, step_groups)
@@ -143,6 +143,7 @@ class _Planner(Classing, Layout):
         self.blocks: set[int] = set()  # arenas of their own: a ragged step's result (``Block``)
         self.runs: dict[str, int] = {}  # value -> its rows, for a value kept in a block
         self.picked: set[str] = set()  # values that are a row of a block (``Layout._picked_rows``)
+        self.read_literals = False  # whether a step's layout read a literal's value (``Layout._picked_rows``)
         self.alone_steps: Counter[str] = Counter()  # "op: why" -> members run alone where a rule refused their number
         self.literals_fixed = literals_fixed  # whether the plan may depend on the literals' values (``plan_records``)
         self.shaped: dict[str, tuple[int, ...]] = {}  # the shape of a value in a block that is not [rows, *row]

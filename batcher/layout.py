@@ -108,6 +108,7 @@ class Layout:
             length = self.runs.get(data)
             # A literal's value only where the plan runs on it alone: a kept plan serves other values.
             position = self.literals.get(index) if self.literals_fixed else None
+            self.read_literals |= position is not None  # (picked or not, the plan now holds for this value)
             if position is None:
                 position = self.weights.get(index)  # a model's constant index (an initializer)
             if length is None or data in self.shaped or position is None or position.ndim \

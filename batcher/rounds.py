@@ -76,10 +76,15 @@ class RoundPlans:
     """The plans of lockstep rounds met so far, by their members' key (one ``Batch``'s)."""
 
     def __init__(self) -> None:
+        self.reused = 0  # rounds planned by ``again``
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop every plan learnt (their keys name weights by names that may come to denote
+        others: ``Batch`` forgets when a block begins and ends); ``reused`` goes on counting."""
         self._shapes: Recent = Recent(KEPT)
         self._rounds: Recent = Recent(KEPT)
         self._met: Recent = Recent(KEPT * ALIKE)  # (records, first key) of rounds planned: a second is learnt
-        self.reused = 0  # rounds planned by ``again``
 
     def again(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray],
               scheduler: str) -> FlatPlan | None:

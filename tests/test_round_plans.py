@@ -287,7 +287,7 @@ def test_random_rounds_that_repeat_plan_as_signing_does(backend: str, seed: int)
         return seen
 
     args = [(rng.standard_normal(4).astype(np.float32), 8 + k % 4) for k in range(7)]
-    _checked_rounds(lambda a: program(*a), args, backend, reused=1)
+    _checked_rounds(lambda a: program(*a), args, backend, reused=int(3 not in kinds))  # (a pick's index: never)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
@@ -427,6 +427,49 @@ def test_rounds_of_tree_folds_are_planned_for_their_trees(backend: str) -> None:
     for start, got in zip(starts, together, strict=True):
         for t, value in enumerate(got):
             np.testing.assert_allclose(value, alone(start, shapes[t % 2]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_batch_traced_after_its_programs_reads_its_own_weights(backend: str) -> None:
+    """The block of ``run_programs`` learnt rounds over a small weight named W; after it, the
+    same batch traces the same call over another weight also named W (a block names its
+    parameters anew). A review's reproducer got the first weight's products: plans learnt in a
+    block are forgotten when it ends."""
+    first, second = (Parameter(RNG.standard_normal((4, 4)).astype(np.float32), name="W").freeze() for _ in range(2))
+    xs = [RNG.standard_normal(4).astype(np.float32) for _ in range(3)]
+
+    async def program(x: np.ndarray) -> bool:
+        for _ in range(3):
+            await ops.matmul(x, first)
+        return True
+
+    batch = Batch(backend)
+    run_programs(program, xs, batch=batch)
+    assert batch.reused_rounds >= 1
+    got = batch.run([ops.matmul(batch.constant(x), second) for x in xs])
+    for value, x in zip(got, xs, strict=True):
+        np.testing.assert_allclose(value, x @ second.array, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_round_whose_known_index_was_out_of_range_is_not_kept(backend: str) -> None:
+    """A row of a stack picked by a known index out of range is a Gather step (it fails as the
+    instance alone does); the plan holds for that index only, so a later round of the same
+    records, its index in range, picks the row where it lies as the planner does (a review's
+    reproducer reused the failing round's Gather)."""
+    starts = [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(3)]
+    batch = _BothWays(backend)
+    with batch:
+        for i in (7, 8, 1, 0):
+            rows = [ops.index(ops.stack([ops.tanh(batch.constant(row)) for row in start]), batch.constant(i, np.int64))
+                    for start in starts]
+            if i > 1:
+                with pytest.raises(Exception, match="out of|index"):
+                    batch.run(rows)
+                continue
+            for value, start in zip(batch.run(rows), starts, strict=True):
+                np.testing.assert_allclose(value, np.tanh(start[i]), rtol=1e-6)
+            assert "Gather" not in batch.reports[-1].launches_by_op
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
