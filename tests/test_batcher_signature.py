@@ -381,7 +381,7 @@ def traced_problem(loss, examples, params) -> Problem:  # type: ignore[no-untype
     with Batch() as batch:
         losses = [loss(example, params) for example in examples]
         planner = flat._Planner(TemplateCache(), batch._weights, batch._literals, batch.functions, batch._opsets())
-        records, preds = flat._live(batch._records, [t.producer for t in losses])
+        records, preds, _ = flat._live(batch._records, [t.producer for t in losses])
         problem = planner.sign(records, preds)
         batch.discard()
     return problem

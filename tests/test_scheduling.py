@@ -104,9 +104,12 @@ def test_compiled_and_python_find_the_same_live_records(monkeypatch: pytest.Monk
             patch.setattr(flat, "SCHEDULING", None)
             python = flat._live(records, producers)
         assert compiled == python, trial
-        kept, preds = compiled
+        kept, preds, places = compiled
         if len(kept) < n:  # renumbered among the live ones, every one of them leading to a producer
             assert all(p < k for k, ps in enumerate(preds) for p in ps)
+            assert [records[i] for i in places] == kept  # and where each was
+        else:
+            assert places is None
         assert {id(r) for r in kept} >= {id(records[p]) for p in producers}
     if problem_module.SCHEDULING is not None:
         with pytest.raises(ValueError, match="node 1 reads 1"):
