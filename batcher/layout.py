@@ -292,8 +292,7 @@ class Layout:
     def _rows(self, names: Sequence[str]) -> tuple[int, Rows]:
         """The arena holding these values (one: they have one type) and their rows in it; for
         literals only, ``LITERALS`` and their names: stacked straight from their values."""
-        literals = self.literals
-        if names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(map(literals.__contains__, names)):
+        if stacked_literals(names, self.literals):
             return LITERALS, list(names)
         if self.runs and not self.runs.keys().isdisjoint(names):  # C loops: this runs for every read of a plan
             return self._rows_in_blocks(names)
@@ -439,6 +438,12 @@ def _rows_of_runs(starts: np.ndarray, lengths: np.ndarray) -> slice | np.ndarray
     if np.array_equal(starts[1:], ends[:-1]):
         return slice(int(starts[0]), int(ends[-1]))
     return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+
+
+def stacked_literals(names: Sequence[str], literals: Mapping[str, np.ndarray]) -> bool:
+    """Whether these values are all literals, of a dtype arenas hold: a read stacks them straight
+    from their values (``LITERALS``)."""
+    return names[0] in literals and literals[names[0]].dtype in ARENA_DTYPES and all(map(literals.__contains__, names))
 
 
 def stackable(vtype: ValueType | None) -> bool:

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from autobatch.batcher.plan import ARENA_DTYPES, LITERALS, BatchReport, FlatPlan, Kind, Step, Template
+from autobatch.batcher.layout import stacked_literals
+from autobatch.batcher.plan import LITERALS, BatchReport, FlatPlan, Kind, Step, Template
 from autobatch.batcher.signature import attributes_key
 from autobatch.ir import Recent
 from autobatch.ir.records import Record
@@ -56,6 +57,7 @@ class _Shape:
     kinds: list[Kind]  # of each arena
     slots: list[int]  # per arena: its rows, in members
     write: tuple[int, int]  # (arena, slot): the output's rows from ``slot * N``
+    report: BatchReport  # the learnt round's (one launch of one class; its ``nodes`` are N)
 
 
 @dataclass
@@ -115,20 +117,16 @@ class RoundPlans:
         reads: list[Any] = []
         for i in template.stacked:
             names = inputs[i]
-            if getattr(literals.get(names[0]), "dtype", None) not in ARENA_DTYPES \
-                    or not all(map(literals.__contains__, names)):  # (a record reading another's value too)
+            if not stacked_literals(names, literals):  # (a record reading another's value too)
                 return None
             reads.append((LITERALS, list(names)))
         arena, slot = shape.write
         base = slot * n
         step = Step(template, n, reads, [first.inputs[i] for i in template.fed], [(arena, base)])
         locations = dict(zip(outputs, zip(itertools.repeat(arena), range(base, base + n))))
-        report = BatchReport(scheduler, nodes=n, launches=1, bound=1, fallback_nodes=0, gathers=len(reads),
-                             gathers_avoided=0, merged_duplicates=0,
-                             seconds={"analyse": 0.0, "schedule": 0.0, "plan": time.perf_counter() - start},
-                             launches_by_op={first.op_type: 1})
         self.reused += 1
-        return FlatPlan(list(shape.kinds), [count * n for count in shape.slots], set(), [], [step], locations, report)
+        return FlatPlan(list(shape.kinds), [count * n for count in shape.slots], set(), [], [step], locations,
+                        _report(shape.report, scheduler, start, nodes=n))
 
     def learn(self, records: Sequence[Record], plan: FlatPlan) -> None:
         """Keep the shape of a round's plan where ``again`` can make it for a later round: one
@@ -152,7 +150,7 @@ class RoundPlans:
         if list(map(_KEY, records)).count(key) != n or row % n or any(rows % n for rows in plan.rows):
             return
         self._shapes[key] = _Shape(attributes_key(records[0].attributes), template, list(plan.kinds),
-                                   [rows // n for rows in plan.rows], (arena, row // n))
+                                   [rows // n for rows in plan.rows], (arena, row // n), plan.report)
 
     def _again_round(self, records: Sequence[Record], wanted: Sequence[str], literals: Mapping[str, np.ndarray],
                      scheduler: str, start: float) -> FlatPlan | None:
@@ -179,18 +177,13 @@ class RoundPlans:
             reads = list(step.reads)
             for k, reads_of in rebound:
                 names = [records[j].inputs[i] for j, i in reads_of]
-                if getattr(literals.get(names[0]), "dtype", None) not in ARENA_DTYPES \
-                        or not all(map(literals.__contains__, names)):
+                if not stacked_literals(names, literals):
                     return None
                 reads[k] = (LITERALS, names)
             steps.append(dataclasses.replace(step, reads=reads))
-        was = plan.report
-        report = dataclasses.replace(was, scheduler=scheduler, execution={}, alone=dict(was.alone),
-                                     launches_by_op=dict(was.launches_by_op), by_shape=dict(was.by_shape),
-                                     seconds={"analyse": 0.0, "schedule": 0.0, "plan": time.perf_counter() - start})
         self.reused += 1
         return FlatPlan(list(plan.kinds), list(plan.rows), set(plan.blocks), [], steps,
-                        dict(zip(wanted, learnt.places)), report)
+                        dict(zip(wanted, learnt.places)), _report(plan.report, scheduler, start))
 
     def learn_round(self, records: Sequence[Record], producers: Sequence[int], wanted: Sequence[str],
                     plan: FlatPlan, members: list[list[int] | None]) -> None:
@@ -248,3 +241,11 @@ def _links(records: Sequence[Record]) -> list[tuple[int, int, int, int]]:
             for output, name in enumerate(records[maker].outputs) if name}
     return [(reader, operand, *made[name]) for reader, record in enumerate(records) if record.preds
             for operand, name in enumerate(record.inputs) if name in made]
+
+
+def _report(was: BatchReport, scheduler: str, start: float, **changes: Any) -> BatchReport:
+    """A made round's report: the learnt round's counts (its own dicts), its planning timed."""
+    return dataclasses.replace(was, scheduler=scheduler, execution={}, alone=dict(was.alone),
+                               launches_by_op=dict(was.launches_by_op), by_shape=dict(was.by_shape),
+                               seconds={"analyse": 0.0, "schedule": 0.0, "plan": time.perf_counter() - start},
+                               **changes)
