@@ -42,7 +42,7 @@ static PyObject *flatten_attributes; /* ops._FROM_AXIS_1: a layer's states' Flat
 
 static PyObject *empty_string, *empty_tuple;
 static PyObject *str_reads, *str_parameter, *str_traced_call, *str_cell_calls, *str_prepare,
-    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_folds_lookups, *str_rows, *str_matmul, *str_parameters,
+    *str_returns_tuple, *str_as_tensor, *str_scalars, *str_in_cell_body, *str_rows, *str_matmul, *str_parameters,
     *str_gather, *str_split, *str_constant, *str_concat, *dtype_keyword, *str_unsqueeze, *str_flatten, *str_reshape,
     *str_shared_tensors, *str_shared_constant;
 static PyObject *str_repeatable, *str_shapes, *str_dtypes, *str_types, *str_shared, *str_op_type, *str_domain,
@@ -927,12 +927,12 @@ static PyObject *elementwise(PyObject *module, PyObject *const *args, Py_ssize_t
    into has that row already (``Tracer.row`` memoises it: a lookup seen before in this batch). A
    new reference to its tensor; NULL with no error set where it is not that case. */
 static PyObject *known_row(PyObject *x, PyObject *i) {
-    PyObject *batch = NULL, *rows = NULL, *folds = NULL, *key = NULL, *row = NULL;
+    PyObject *batch = NULL, *rows = NULL, *in_body = NULL, *key = NULL, *row = NULL;
     if (Py_TYPE(x) != (PyTypeObject *)parameter_class || !PyLong_CheckExact(i)) return NULL;
     if (PyContextVar_Get(current_batch_var, NULL, &batch) < 0 || batch == NULL) return NULL;
     if (!PyObject_TypeCheck(batch, &RecorderBaseType)) goto done;
-    folds = PyObject_GetAttr(batch, str_folds_lookups);  /* False while a cell's body is traced */
-    if (folds == NULL || folds != Py_True) goto done;
+    in_body = PyObject_GetAttr(batch, str_in_cell_body);  /* a cell's body reads the parameter */
+    if (in_body == NULL || in_body != Py_False) goto done;
     rows = PyObject_GetAttr(batch, str_rows);
     if (rows == NULL || !PyDict_Check(rows)) goto done;
     PyObject *id = PyLong_FromVoidPtr(x);
@@ -944,7 +944,7 @@ static PyObject *known_row(PyObject *x, PyObject *i) {
         row = Py_NewRef(PyTuple_GET_ITEM(known, 1));
 done:
     Py_DECREF(batch);
-    Py_XDECREF(folds);
+    Py_XDECREF(in_body);
     Py_XDECREF(rows);
     Py_XDECREF(key);
     return row;
@@ -1351,7 +1351,8 @@ done:
 
 /* ------------------------------------------------------------------ cell calls */
 /* An operand of a cell call as a tensor of ``batch`` (a new reference): a tensor of it as it
-   is, a Python int or bool as ``Tracer.constant`` memoises it (looked up here), anything else
+   is, a Python int or bool as ``Tracer.constant`` memoises it (looked up here), a parameter as
+   ``Tracer.parameter`` does (likewise), anything else
    through ``batch.as_tensor`` (which raises for a tensor of another batch). */
 static PyObject *as_tensor(PyObject *batch, PyObject *scalars, PyObject *value) {
     if (Py_TYPE(value) == (PyTypeObject *)tensor_class && ((TensorObject *)value)->batch == batch)
@@ -1364,6 +1365,7 @@ static PyObject *as_tensor(PyObject *batch, PyObject *scalars, PyObject *value) 
         if (known != NULL && Py_TYPE(known) == (PyTypeObject *)tensor_class) return Py_NewRef(known);
         if (PyErr_Occurred()) return NULL;
     }
+    if (Py_TYPE(value) == (PyTypeObject *)parameter_class) return parameter_tensor(batch, value);
     return PyObject_CallMethodOneArg(batch, str_as_tensor, value);
 }
 
@@ -1376,7 +1378,7 @@ static PyObject *cell_call(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *tensors = NULL, *scalars = NULL;
     if (!ops_configured()) return NULL;
     int common = n > 0 && (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0);
-    for (k = 0; k < n && common; k++) {  /* ops._batch_of: the first tensor's batch */
+    for (k = 0; k < n && common; k++) {  /* tensors.batch_of: the first tensor's batch */
         PyObject *value = PyTuple_GET_ITEM(args, k);
         if (Py_TYPE(value) == (PyTypeObject *)tensor_class) {
             if (batch == NULL) batch = ((TensorObject *)value)->batch;
@@ -1595,7 +1597,7 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_returns_tuple = PyUnicode_InternFromString("_returns_tuple");
     str_as_tensor = PyUnicode_InternFromString("as_tensor");
     str_scalars = PyUnicode_InternFromString("_scalars");
-    str_folds_lookups = PyUnicode_InternFromString("folds_lookups");
+    str_in_cell_body = PyUnicode_InternFromString("in_cell_body");
     str_rows = PyUnicode_InternFromString("_rows");
     str_matmul = PyUnicode_InternFromString("MatMul");
     str_parameters = PyUnicode_InternFromString("_parameters");
@@ -1619,7 +1621,7 @@ PyMODINIT_FUNC PyInit__recorder(void) {
     str_shared_constant = PyUnicode_InternFromString("shared_constant");
     if (!empty_string || !empty_tuple || !str_reads || !str_parameter || !str_repeatable
         || !str_traced_call || !str_cell_calls || !str_prepare || !str_returns_tuple || !str_as_tensor
-        || !str_scalars || !str_folds_lookups || !str_rows || !str_matmul || !str_parameters || !str_shapes
+        || !str_scalars || !str_in_cell_body || !str_rows || !str_matmul || !str_parameters || !str_shapes
         || !str_dtypes || !str_types || !str_shared || !str_op_type || !str_domain
         || !str_entries || !str_gather || !str_split || !str_constant || !str_concat
         || !dtype_keyword || !str_unsqueeze || !str_flatten || !str_reshape || !str_shared_tensors

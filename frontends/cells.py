@@ -18,10 +18,9 @@ import numpy as np
 import onnx
 from onnx import FunctionProto, helper
 
-from autobatch.frontends.ops import _batch_of
 from autobatch.frontends.recorder import COMPILED, CellBase
 from autobatch.ir import Recent, ValueType, is_nondeterministic
-from autobatch.frontends.tensors import Parameter, PreparedCall, Tensor, TraceError, _current
+from autobatch.frontends.tensors import Parameter, PreparedCall, Tensor, TraceError, _current, batch_of
 from autobatch.frontends.tracing import OPSET, Tracer
 
 CELL_DOMAIN = "autobatch.cells"
@@ -63,7 +62,7 @@ class Cell(CellBase):  # type: ignore[misc,valid-type]
 
     def _traced_call(self, *args: Any) -> Tensor | tuple[Tensor, ...]:
         """The call, recorded as one node of the batch its tensors belong to."""
-        batch = _batch_of(*args)
+        batch = batch_of(*args)
         tensors = []
         # Keyed by the entries' ids, which hash in C (a type's hash is Python code): the call
         # holds its entries, so no other object takes their ids while it is kept.
@@ -109,7 +108,7 @@ class Cell(CellBase):  # type: ignore[misc,valid-type]
 
     def _trace(self, args: list[Tensor], index: int) -> TracedCell:
         inner = Tracer()
-        inner.folds_lookups = False
+        inner.in_cell_body = True
         token = _current.set(inner)
         try:
             formal = [Tensor(inner, f"arg{i}", t.shape, t.dtype) for i, t in enumerate(args)]

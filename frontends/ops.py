@@ -13,25 +13,10 @@ from typing import Any
 import numpy as np
 
 from autobatch.frontends import recorder
-from autobatch.frontends.tensors import Parameter, Tensor, TraceError, _current, attributes, current_batch
-from autobatch.frontends.tracing import Tracer
+from autobatch.frontends.tensors import Parameter, Tensor, TraceError, _current, attributes, batch_of, current_batch
+from autobatch.frontends.cells import Cell
 
 Operand = Tensor | Parameter | np.ndarray | float | int
-
-
-def _batch_of(*values: Any) -> Tracer:
-    """The batch the operands belong to, which must be the one being traced into, if any."""
-    for value in values:
-        if isinstance(value, Tensor):
-            batch = value.batch
-            break
-    else:
-        return current_batch()
-    active = _current.get(None)
-    if active is not None and active is not batch:
-        raise TraceError(f"{next(v for v in values if isinstance(v, Tensor))!r} belongs to another batch; "
-                         "values cannot cross batches")
-    return batch
 
 
 def _python_tensors(op: str, *values: Operand) -> list[Tensor]:
@@ -53,7 +38,7 @@ def _python_tensors(op: str, *values: Operand) -> list[Tensor]:
             active = _current.get(None)
             if active is None or active is batch:
                 return tensors
-    batch = _batch_of(*values)
+    batch = batch_of(*values)
     dtypes = [v.dtype if isinstance(v, Tensor) else v.array.dtype for v in values if isinstance(v, (Tensor, Parameter))]
     dtype = dtypes[0] if dtypes else None
     result = []
@@ -183,7 +168,13 @@ def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | N
 
 
 def affine(x: Operand, weight: Operand, bias: Operand) -> Tensor:
-    """``x @ W + b``."""
+    """``x @ W + b``. Of a vector, one node (see ``_AFFINE``); else its two ops."""
+    if type(x) is Tensor and len(x.shape) == 1 and not x.batch.in_cell_body:
+        return _AFFINE(x, weight, bias)
+    return _affine(x, weight, bias)
+
+
+def _affine(x: Operand, weight: Operand, bias: Operand) -> Tensor:
     return add(matmul(x, weight), bias)
 
 
@@ -310,7 +301,7 @@ def _python_pick(x: Operand, i: Any) -> Tensor:
     if known:
         if not -shape[0] <= i < shape[0]:
             raise TraceError(f"Gather: index {i} is out of range for shape {shape}")
-        if t is None and batch.folds_lookups:
+        if t is None and not batch.in_cell_body:
             return batch.row(x, i)  # a known row: no traced op
         position = batch.constant(i, dtype=np.int64)
     elif i.batch is not batch:
@@ -466,8 +457,26 @@ def log_softmax(x: Operand, axis: int = -1) -> Tensor:
 
 
 def pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
-    """``-log_softmax(scores)[i]``: the negative log-likelihood of class i."""
+    """``-log_softmax(scores)[i]``: the negative log-likelihood of class i. Of a vector's class
+    given as an int, one node (see ``_AFFINE``); else its three ops."""
+    if type(scores) is Tensor and len(scores.shape) == 1 and type(i) is int and not scores.batch.in_cell_body:
+        if not -scores.shape[0] <= i < scores.shape[0]:
+            raise TraceError(f"Gather: index {i} is out of range for shape {scores.shape}")
+        return _PICK_NEG_LOG_SOFTMAX(scores, i)
+    return _pick_neg_log_softmax(scores, i)
+
+
+def _pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
     return neg(pick(log_softmax(scores), i))
+
+
+# One node a call where DyNet has one (affine_transform, pickneglogsoftmax): a cell of their ops,
+# which a Tree-LSTM of primitive ops traces, plans and frees a fifth fewer records of, and runs
+# in a launch where it ran two or three. Of other shapes they stay their ops, which batch across
+# lengths (a cell's calls of other shapes are other functions); inside a cell's body too, whose
+# rules see the ops of the body whole.
+_AFFINE = Cell(_affine, "affine")
+_PICK_NEG_LOG_SOFTMAX = Cell(_pick_neg_log_softmax, "pick_neg_log_softmax")
 
 
 def softmax_cross_entropy(scores: Operand, labels: Sequence[int]) -> Tensor:

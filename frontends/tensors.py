@@ -35,6 +35,21 @@ def current_batch() -> Tracer:
         raise TraceError("no batch to trace into: trace inside `with autobatch.Batch() as batch:`") from None
 
 
+def batch_of(*values: Any) -> Tracer:
+    """The batch the operands belong to, which must be the one being traced into, if any."""
+    for value in values:
+        if isinstance(value, Tensor):
+            batch = value.batch
+            break
+    else:
+        return current_batch()
+    active = _current.get(None)
+    if active is not None and active is not batch:
+        raise TraceError(f"{next(v for v in values if isinstance(v, Tensor))!r} belongs to another batch; "
+                         "values cannot cross batches")
+    return batch
+
+
 @functools.lru_cache(maxsize=4096, typed=True)  # typed: alpha=1 is an INT attribute, alpha=1.0 a FLOAT one
 def attributes(**values: Any) -> dict[str, AttributeProto]:
     """Attribute protos for hashable Python values, made once and shared by every record."""

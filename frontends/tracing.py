@@ -61,7 +61,9 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
         self._scalars: dict[tuple, Tensor] = {}
         # (id(parameter), index) -> (the parameter, kept alive so that its id stays its own; its row)
         self._rows: dict[tuple[int, int], tuple[Parameter, Tensor]] = {}
-        self.folds_lookups = True  # False while tracing a cell: its body reads parameters, never copies of them
+        # True while tracing a cell's body: it reads parameters, never copies of them (lookups do
+        # not fold), and records ops of several ops as their ops (``ops.affine``)
+        self.in_cell_body = False
         self._names = itertools.count()
         self._instance = 0
         self.functions: dict[tuple[str, str], Any] = {}  # cells used by this batch
