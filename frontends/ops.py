@@ -169,7 +169,8 @@ def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | N
 
 def affine(x: Operand, weight: Operand, bias: Operand) -> Tensor:
     """``x @ W + b``. Of a vector, one node (see ``_AFFINE``); else its two ops."""
-    if type(x) is Tensor and len(x.shape) == 1 and not x.batch.in_cell_body:
+    if type(x) is Tensor and len(x.shape) == 1 and type(weight) in _NODE_OPERANDS and type(bias) in _NODE_OPERANDS \
+            and not x.batch.in_cell_body:
         return _AFFINE(x, weight, bias)
     return _affine(x, weight, bias)
 
@@ -476,6 +477,7 @@ def _pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
 # lengths (a cell's calls of other shapes are other functions); inside a cell's body too, whose
 # rules see the ops of the body whole.
 _AFFINE = Cell(_affine, "affine")
+_NODE_OPERANDS = frozenset({Tensor, Parameter})  # (a scalar bias takes x's dtype in the ops, not in a cell)
 _PICK_NEG_LOG_SOFTMAX = Cell(_pick_neg_log_softmax, "pick_neg_log_softmax")
 
 

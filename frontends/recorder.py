@@ -18,7 +18,8 @@ also has the common cases of ``ops._elementwise``, ``ops._tensors``, ``ops.matmu
 What the compiled classes do not do that Python classes would: call a subclass's override of
 these methods from each other (``elementwise`` records through C's ``record_one``), or of the
 tracer's ``constant`` and ``shared_constant`` where their memos hold the value asked for
-(a pick and a recurrent layer look there first), take other
+(a pick and a recurrent layer look there first), or of its ``as_tensor`` for a parameter given
+to a cell (looked up in its memo of parameters, as ``parameter`` does), take other
 than integers in ``producer`` and ``_instance`` or other than a bool in ``reuse_calls``, take
 arguments by keyword but ``attrs``, pickle a tensor, or check a row looked up again against a
 parameter whose array was assigned fewer rows within the block (the Python's memo of rows

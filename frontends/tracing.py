@@ -96,6 +96,8 @@ class Tracer(RecorderBase):  # type: ignore[misc,valid-type]
             # entered again names them anew (a parameter's array may have been assigned since).
             for memo in (self._parameters, self._scalars, self._rows, self.cell_calls, self.cell_parameters):
                 memo.clear()
+            if not self._records:  # its cells' functions: a block entered again adds those it calls
+                self.functions.clear()
             self._gc.__exit__(None, None, None)
 
     @contextmanager

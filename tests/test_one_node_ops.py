@@ -44,7 +44,7 @@ def test_of_vectors_one_node_each_batched_equal_to_each_alone_and_to_numpy(backe
     for x, label in zip(XS, LABELS):
         with Batch(backend=backend) as one:
             alone.append(float(one.run(_losses(one, [x], [label]))[0]))
-    assert batched == alone  # the same kernels over the same rows
+    np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(batched, [_nll(np.tanh(x @ W.array + B.array), k) for x, k in zip(XS, LABELS)], rtol=1e-5, atol=1e-6)
 
 
@@ -71,23 +71,54 @@ def test_inside_a_cell_they_are_ops_of_its_body() -> None:
     with Batch() as batch:
         losses = [scored(batch.constant(x)) for x in XS]
         assert [r.domain for r in batch.graph_of(losses).topological_order()] == [CELL_DOMAIN] * len(XS)
+        (function,) = [f for (domain, _), f in batch.functions.items() if f.name.startswith("scored")]
+        assert [(n.domain, n.op_type) for n in function.node if n.op_type != "Constant"] == \
+            [("", "MatMul"), ("", "Add"), ("", "LogSoftmax"), ("", "Gather"), ("", "Neg")]
+        assert not [f for f in batch.functions.values() if f.name.startswith(("affine", "pick"))]
         got = [float(v) for v in batch.run(losses)]
-    (function,) = [f for (domain, _), f in batch.functions.items() if f.name.startswith("scored")]
-    assert [(n.domain, n.op_type) for n in function.node if n.op_type != "Constant"] == \
-        [("", "MatMul"), ("", "Add"), ("", "LogSoftmax"), ("", "Gather"), ("", "Neg")]
-    assert not [f for f in batch.functions.values() if f.name.startswith(("affine", "pick"))]
     np.testing.assert_allclose(got, [_nll(x @ W.array + B.array, 1) for x in XS], rtol=1e-5, atol=1e-6)
 
 
-def test_keywords_scalars_and_traced_weights() -> None:
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_keywords_scalars_and_traced_weights(dtype: type) -> None:
+    """Traced weights and biases: one node; a scalar bias (the ops give it x's dtype): the ops."""
+    x_value, w_value, b_value = ((a * 4).astype(dtype) for a in (XS[0], W.array, B.array))
+    scalars = [1, np.int64(2), 0.5 if dtype != np.int64 else 3]
+    with Batch() as batch:
+        x = batch.constant(x_value)
+        w = batch.constant(w_value) + batch.constant(np.zeros_like(w_value))  # a traced weight
+        values = [ops.affine(x=x, weight=w, bias=batch.constant(b_value))]
+        values += [ops.affine(x, w if k else Parameter(w_value), scalar) for k, scalar in enumerate(scalars)]
+        assert _op_types(batch, values[:1]) == [("", "Add"), (CELL_DOMAIN, "affine")]
+        assert _op_types(batch, values[1:]) == [("", "Add"), ("", "MatMul")]
+        got = batch.run(values)
+    product = x_value @ w_value
+    tolerance = {"rtol": 1e-2, "atol": 0.1} if dtype == np.float16 else {"rtol": 1e-5, "atol": 1e-6}
+    for value, bias in zip(got, [b_value, *scalars]):
+        assert value.dtype == dtype
+        np.testing.assert_allclose(value, product + np.asarray(bias).astype(dtype), **tolerance)
+
+
+def test_an_index_as_a_numpy_integer_is_the_ops() -> None:
     with Batch() as batch:
         x = batch.constant(XS[0])
-        w = ops.tanh(batch.constant(W.array))  # a traced weight: read as a batched operand
-        values = [ops.affine(x=x, weight=W, bias=B), ops.affine(x, w, 0.5), ops.pick_neg_log_softmax(x, np.int64(2))]
-        got = batch.run(values)
-    np.testing.assert_allclose(got[0], XS[0] @ W.array + B.array, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got[1], XS[0] @ np.tanh(W.array) + 0.5, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got[2], _nll(XS[0], 2), rtol=1e-5, atol=1e-6)
+        loss = ops.pick_neg_log_softmax(x, np.int64(2))
+        assert _op_types(batch, [loss]) == [("", "Gather"), ("", "LogSoftmax"), ("", "Neg")]
+        got = batch.run([loss])[0]
+    np.testing.assert_allclose(got, _nll(XS[0], 2), rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_entered_again_keeps_only_the_functions_its_block_calls() -> None:
+    """Vectors of 300 lengths, each a signature of the one-node cell (more than a cell keeps):
+    the functions a block's calls add go when it ends, rather than piling up in the batch."""
+    batch = Batch()
+    for n in range(1, 301):
+        with batch:
+            loss = ops.pick_neg_log_softmax(batch.constant(np.arange(n, dtype=np.float32)), n - 1)
+            assert len(batch.functions) == 1
+            got = batch.run([loss])[0]
+        assert not batch.functions
+        np.testing.assert_allclose(got, _nll(np.arange(n, dtype=np.float32), n - 1), rtol=1e-5, atol=1e-6)
 
 
 def test_errors_are_named_at_trace_time() -> None:

@@ -24,7 +24,7 @@ PURE = {**os.environ, "AUTOBATCH_PURE_PYTHON": "1"}
 COMPILED_ONLY = pytest.mark.skipif(not recorder.COMPILED, reason="the compiled recorder is not built here")
 # The tests whose programs go through tracing: run again with the Python recorder.
 TRACING_TESTS = ["test_frontends.py", "test_folds.py", "test_examples.py", "test_flat.py", "test_sequences.py",
-                 "test_ragged.py", "test_correctness_contract.py"]
+                 "test_ragged.py", "test_correctness_contract.py", "test_one_node_ops.py"]
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
