@@ -402,6 +402,24 @@ static PyObject *seen_key(PyObject *const *head, Py_ssize_t heads, PyObject *nam
     return seen;
 }
 
+/* ``_outputs_again`` of a one-output call seen before, record ``at`` (what ``calls`` holds):
+   a new tensor of its output, without the general path's tuples and second lookup. */
+static PyObject *output_again(RecorderObject *self, PyObject *at, PyObject *shape, PyObject *dtype,
+                              PyObject *vtype) {
+    self->reused_calls++;  /* counted first, as in Python */
+    Py_ssize_t index = PyLong_AsSsize_t(at);
+    if (index == -1 && PyErr_Occurred()) return NULL;
+    PyObject *record = PyList_GetItem(self->records, index);  /* borrowed; IndexError where it is not */
+    if (record == NULL) return NULL;
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 4) {
+        PyErr_SetString(PyExc_TypeError, "a record must be a Record");
+        return NULL;
+    }
+    PyObject *name = PySequence_GetItem(PyTuple_GET_ITEM(record, 3), 0);
+    if (name == NULL) return NULL;
+    return pending_tensor(self, name, shape, dtype, vtype, index);
+}
+
 /* The common op's record: ONNX's domain, deterministic, every input given, one output.
    ``attributes``: a borrowed dict (NO_ATTRIBUTES for none). ``vtype``: the output's type where the
    caller knows it (borrowed), else NULL: ``tensor_type(dtype, shape)``. */
@@ -425,18 +443,7 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
         PyObject *known = at == NULL ? NULL : PyDict_SetDefault(self->calls, seen, at);  /* one lookup */
         if (known == NULL) goto done;
         if (known != at) {  /* a call seen before (its record is an earlier one: never this index) */
-            PyObject *shapes = PyTuple_Pack(1, shape), *dtypes = PyTuple_Pack(1, dtype), *types = PyList_New(1);
-            if (shapes != NULL && dtypes != NULL && types != NULL) {
-                PyList_SET_ITEM(types, 0, Py_NewRef(vtype));
-                PyObject *again = do_outputs_again(self, seen, shapes, dtypes, types);
-                if (again != NULL) {
-                    result = PySequence_GetItem(again, 0);
-                    Py_DECREF(again);
-                }
-            }
-            Py_XDECREF(shapes);
-            Py_XDECREF(dtypes);
-            Py_XDECREF(types);
+            result = output_again(self, known, shape, dtype, vtype);
             goto done;
         }
     }
