@@ -194,6 +194,18 @@ static PyObject *pending_tensor(RecorderObject *self, PyObject *name, PyObject *
     return (PyObject *)tensor;
 }
 
+/* A record's index as an int (a new reference): those below INDEX_INTS made once and shared,
+   as Python shares small ints. Every batch numbers its records from 0 again, and a record's
+   index and its readers' preds were a new int each (allocated and freed, about two a record). */
+#define INDEX_INTS 65536
+static PyObject *index_ints[INDEX_INTS];
+
+static PyObject *index_int(Py_ssize_t index) {
+    if (index < 0 || index >= INDEX_INTS) return PyLong_FromSsize_t(index);
+    if (index_ints[index] == NULL && (index_ints[index] = PyLong_FromSsize_t(index)) == NULL) return NULL;
+    return Py_NewRef(index_ints[index]);
+}
+
 /* f"t{count}": its digits written here (snprintf was a twentieth of a traced op's time). */
 static PyObject *value_name(Py_ssize_t count) {
     char digits[24];
@@ -363,7 +375,7 @@ static int read_operands(RecorderObject *self, PyObject *inputs, PyObject **name
         if (entries != NULL) PyTuple_SET_ITEM(*entries, i, Py_NewRef(tensor->entry));
         if (tensor->value == Py_None) {
             if (tensor->producer >= 0) {
-                PyObject *producer = PyLong_FromSsize_t(tensor->producer);
+                PyObject *producer = index_int(tensor->producer);
                 int failed = producer == NULL || PyList_Append(preds, producer) < 0;
                 Py_XDECREF(producer);
                 if (failed) goto error;
@@ -439,7 +451,7 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
         PyObject *head[] = {op_type, empty_string, attributes_id};
         seen = seen_key(head, 3, names);
         if (seen == NULL) goto done;
-        at = PyLong_FromSsize_t(PyList_GET_SIZE(self->records));
+        at = index_int(PyList_GET_SIZE(self->records));
         PyObject *known = at == NULL ? NULL : PyDict_SetDefault(self->calls, seen, at);  /* one lookup */
         if (known == NULL) goto done;
         if (known != at) {  /* a call seen before (its record is an earlier one: never this index) */
@@ -548,7 +560,7 @@ static PyObject *do_append(RecorderObject *self, PyObject *op_type, PyObject *do
     }
     Py_DECREF(record);
     if (seen != Py_None) {  /* known to reuse_calls once recorded */
-        PyObject *at = PyLong_FromSsize_t(index);
+        PyObject *at = index_int(index);
         int failed = at == NULL || PyDict_SetItem(self->calls, seen, at) < 0;
         Py_XDECREF(at);
         if (failed) goto done;
