@@ -239,6 +239,19 @@ static PyObject *new_output(RecorderObject *self, PyObject *shape, PyObject *dty
     return pending_tensor(self, name, shape, dtype, vtype, index);
 }
 
+/* The record that ``at`` (an index the calls memo holds) names, borrowed, and its index in
+   ``*index``; NULL with an error where it names none. */
+static PyObject *record_at(RecorderObject *self, PyObject *at, Py_ssize_t *index) {
+    *index = PyLong_AsSsize_t(at);
+    if (*index == -1 && PyErr_Occurred()) return NULL;
+    PyObject *record = PyList_GetItem(self->records, *index);  /* IndexError where it is not */
+    if (record != NULL && (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 4)) {
+        PyErr_SetString(PyExc_TypeError, "a record must be a Record");
+        return NULL;
+    }
+    return record;
+}
+
 /* ``_outputs_again``: new tensors for the outputs of a call seen before (still pending):
    reading them reads its record's outputs. */
 static PyObject *do_outputs_again(RecorderObject *self, PyObject *seen, PyObject *shapes, PyObject *dtypes,
@@ -253,14 +266,9 @@ static PyObject *do_outputs_again(RecorderObject *self, PyObject *seen, PyObject
         }
         return NULL;
     }
-    Py_ssize_t index = PyLong_AsSsize_t(at);
-    if (index == -1 && PyErr_Occurred()) return NULL;
-    PyObject *record = PyList_GetItem(self->records, index);  /* borrowed; IndexError where it is not */
+    Py_ssize_t index;
+    PyObject *record = record_at(self, at, &index);
     if (record == NULL) return NULL;
-    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 4) {
-        PyErr_SetString(PyExc_TypeError, "a record must be a Record");
-        return NULL;
-    }
     PyObject *outputs = PySequence_Tuple(PyTuple_GET_ITEM(record, 3));
     PyObject *shape_seq = outputs == NULL ? NULL : PySequence_Tuple(shapes);
     PyObject *dtype_seq = shape_seq == NULL ? NULL : PySequence_Tuple(dtypes);
@@ -419,14 +427,9 @@ static PyObject *seen_key(PyObject *const *head, Py_ssize_t heads, PyObject *nam
 static PyObject *output_again(RecorderObject *self, PyObject *at, PyObject *shape, PyObject *dtype,
                               PyObject *vtype) {
     self->reused_calls++;  /* counted first, as in Python */
-    Py_ssize_t index = PyLong_AsSsize_t(at);
-    if (index == -1 && PyErr_Occurred()) return NULL;
-    PyObject *record = PyList_GetItem(self->records, index);  /* borrowed; IndexError where it is not */
+    Py_ssize_t index;
+    PyObject *record = record_at(self, at, &index);
     if (record == NULL) return NULL;
-    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 4) {
-        PyErr_SetString(PyExc_TypeError, "a record must be a Record");
-        return NULL;
-    }
     PyObject *name = PySequence_GetItem(PyTuple_GET_ITEM(record, 3), 0);
     if (name == NULL) return NULL;
     return pending_tensor(self, name, shape, dtype, vtype, index);
@@ -452,9 +455,10 @@ static PyObject *do_record_one(RecorderObject *self, PyObject *op_type, PyObject
         seen = seen_key(head, 3, names);
         if (seen == NULL) goto done;
         at = index_int(PyList_GET_SIZE(self->records));
+        Py_ssize_t calls = PyDict_GET_SIZE(self->calls);
         PyObject *known = at == NULL ? NULL : PyDict_SetDefault(self->calls, seen, at);  /* one lookup */
         if (known == NULL) goto done;
-        if (known != at) {  /* a call seen before (its record is an earlier one: never this index) */
+        if (PyDict_GET_SIZE(self->calls) == calls) {  /* a call seen before (not inserted: index ints are shared) */
             result = output_again(self, known, shape, dtype, vtype);
             goto done;
         }
@@ -1619,6 +1623,7 @@ static struct PyModuleDef recorder_module = {
 };
 
 PyMODINIT_FUNC PyInit__recorder(void) {
+    memset(index_ints, 0, sizeof index_ints);  /* an embedder's runtime started again: not the old one's ints */
     if (PyType_Ready(&TensorBaseType) < 0 || PyType_Ready(&RecorderBaseType) < 0 || PyType_Ready(&CellBaseType) < 0)
         return NULL;
     empty_string = PyUnicode_InternFromString("");

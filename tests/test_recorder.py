@@ -74,13 +74,30 @@ def _trace_and_drop(steps: int) -> None:
         tracer.discard()
 
 
+def _index_ints(steps: int, indices: list[int]) -> list[int]:
+    """The int objects a chain's records name their predecessors by (each record ``k + 1``'s
+    ``preds[0]`` is ``k``), the batch dropped: the compiled recorder shares those below a bound."""
+    with Tracer() as tracer:
+        h = tracer.constant(np.ones(4, np.float32))
+        for _ in range(steps):
+            h = ops.tanh(h)
+        found = [tracer._records[k + 1].preds[0] for k in indices]
+        tracer.discard()
+    assert found == indices
+    return found
+
+
 def test_tracing_keeps_no_references_once_a_batch_is_dropped():
     shape, dtype = (4,), np.dtype(np.float32)
-    # Cells traced and caches warm, the compiled recorder's record indices among them (ints made
-    # once below a bound and shared, as Python shares small ints: not a batch's references).
-    _trace_and_drop(20_000)
+    _trace_and_drop(10)  # cells traced, caches warm
     gc.collect()
     counts = sys.getrefcount(shape), sys.getrefcount(dtype), sys.getrefcount("Tanh")
+    # The compiled recorder's record indices made (ints made once below a bound and shared, as
+    # Python shares small ints), so that the run measured below allocates none of them.
+    _trace_and_drop(20_000)
+    shared = _index_ints(1_200, [300, 1_000])
+    gc.collect()
+    index_counts = [sys.getrefcount(i) for i in shared]
     tracemalloc.start()
     try:
         _trace_and_drop(10)
@@ -93,6 +110,7 @@ def test_tracing_keeps_no_references_once_a_batch_is_dropped():
         tracemalloc.stop()
     assert after - before < 200_000, f"{after - before} bytes kept after tracing 20,000 steps and dropping them"
     assert (sys.getrefcount(shape), sys.getrefcount(dtype), sys.getrefcount("Tanh")) == counts
+    assert [sys.getrefcount(i) for i in shared] == index_counts  # no reference kept to a record's index
 
 
 @COMPILED_ONLY
