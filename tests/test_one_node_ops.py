@@ -45,7 +45,8 @@ def test_of_vectors_one_node_each_batched_equal_to_each_alone_and_to_numpy(backe
         with Batch(backend=backend) as one:
             alone.append(float(one.run(_losses(one, [x], [label]))[0]))
     np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(batched, [_nll(np.tanh(x @ W.array + B.array), k) for x, k in zip(XS, LABELS)], rtol=1e-5, atol=1e-6)
+    expected = [_nll(np.tanh(x @ W.array + B.array), k) for x, k in zip(XS, LABELS)]
+    np.testing.assert_allclose(batched, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_of_other_shapes_and_indices_they_are_their_ops() -> None:
