@@ -288,6 +288,12 @@ def index(x: Operand, key: Any) -> Tensor:
 _AXIS_0 = attributes(axis=0)
 
 
+def _check_index(i: int, shape: tuple[int, ...]) -> None:
+    """An int index into axis 0 of ``shape``, checked when traced."""
+    if not -shape[0] <= i < shape[0]:
+        raise TraceError(f"Gather: index {i} is out of range for shape {shape}")
+
+
 def _python_pick(x: Operand, i: Any) -> Tensor:
     known = not isinstance(i, Tensor)
     if known:
@@ -300,8 +306,7 @@ def _python_pick(x: Operand, i: Any) -> Tensor:
     if not shape:
         raise TraceError("Gather: cannot pick from a scalar")
     if known:
-        if not -shape[0] <= i < shape[0]:
-            raise TraceError(f"Gather: index {i} is out of range for shape {shape}")
+        _check_index(i, shape)
         if t is None and not batch.in_cell_body:
             return batch.row(x, i)  # a known row: no traced op
         position = batch.constant(i, dtype=np.int64)
@@ -461,8 +466,7 @@ def pick_neg_log_softmax(scores: Operand, i: Any) -> Tensor:
     """``-log_softmax(scores)[i]``: the negative log-likelihood of class i. Of a vector's class
     given as an int, one node (see ``_AFFINE``); else its three ops."""
     if type(scores) is Tensor and len(scores.shape) == 1 and type(i) is int and not scores.batch.in_cell_body:
-        if not -scores.shape[0] <= i < scores.shape[0]:
-            raise TraceError(f"Gather: index {i} is out of range for shape {scores.shape}")
+        _check_index(i, scores.shape)
         return _PICK_NEG_LOG_SOFTMAX(scores, i)
     return _pick_neg_log_softmax(scores, i)
 
