@@ -180,6 +180,8 @@ class Engine:
             self._arrived.notify_all()
         assert self._stopped is not None
         await self._stopped
+        for worker in self._workers:  # the last one set ``_stopped`` on its way out: it ends now
+            worker.join()
 
     def shutdown(self) -> None:
         """``close`` from a thread other than the engine's loop; stops our own loop thread."""
