@@ -103,8 +103,9 @@ def matmul(e: Emitter, node: Node, ins: list[Operand | None], outs: list[Shape])
         return operand.name if padded == operand.shape else reshape(e, operand.name, padded)
 
     product = e.op("MatMul", [prepared(a, a_shape), prepared(b, b_shape)])[0]
-    simple = (a.stacked and not b.stacked and a.rank >= 2 and b.rank <= 2) or (
-        a.stacked and b.stacked and a.rank == b.rank >= 2)
+    # Stacked rows or vectors by a shared matrix or vector come out ``[N, *out]`` as they are
+    # (no Reshape: onnxruntime then fuses a bias Add into the product, a Gemm).
+    simple = (a.stacked and not b.stacked and b.rank <= 2) or (a.stacked and b.stacked and a.rank == b.rank >= 2)
     return [product] if simple else [reshape(e, product, outs[0])]
 
 
