@@ -26,6 +26,7 @@ from autobatch.backends.ort_runtime import NUMPY_LESS_TYPES, OrtSettings, declar
 from autobatch.ir.records import LEAF
 from autobatch.batcher.plan import (LITERALS, LOOSE, Block, Copied, FlatPlan, Padded, Pieces, Rows, Runs, Shaped, Step,
                                     Template, Unpadded)
+from autobatch.batcher.joined_operands import joined_step
 from autobatch.batcher.sequences import COST, RECURRENT, run_chunks
 from autobatch.ir import Graph, Recent, to_onnx
 from autobatch.ir.limits import DeadlineExceeded, check_deadline
@@ -164,12 +165,15 @@ class FlatExecutor:
         for k, step in enumerate(plan.steps):
             check_deadline()
             begin = clock()
+            template, reads = step.template, step.reads
             if step.groups:  # ragged: every member's rows, one after the other
                 stacked = [_concatenated(arenas, loose, parts) if isinstance(parts, list)
-                           else _read(arenas, loose, *parts) for parts in step.reads]
+                           else _read(arenas, loose, *parts) for parts in reads]
             else:
-                stacked = [_read(arenas, loose, a, rows) for a, rows in step.reads]
-            template = step.template
+                joined = joined_step(step) if template is not None and step.fold is None else None
+                if joined is not None:  # the operands a Concat joins, read joined
+                    template, reads = joined
+                stacked = [_read(arenas, loose, a, rows) for a, rows in reads]
             gathered = clock()
             if step.fold is not None:  # a tree fold: the leaves, then a level at a time
                 outputs = self._fold(plan, step, stacked[0], weights, baked_by_step[k] if baked_by_step else None)

@@ -123,6 +123,9 @@ class Template:
     # outside through its subgraphs, fed after the stacked operands.
     captured: tuple[str, ...] = ()
     runners: dict[Any, Any] = field(default_factory=dict)  # backend key -> prepared runner
+    # Templates made from this one, by what they change (``batcher.joined_operands``): made once,
+    # so that their runners are prepared once.
+    variants: dict[str, Any] = field(default_factory=dict)
 
 
 # What plans learnt of record keys (``flat.plan_records``' ``known``), as many as a caller that

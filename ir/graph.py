@@ -264,16 +264,29 @@ class Graph:
             result.add_initializer(name, shared[name])
         for k, graph in enumerate(graphs):
             names = {name: (name if name in shared else rename(k, name)) for name in graph.values}
-            for name in graph.inputs:
-                result.add_input(names[name], graph.values[name].type)
-            for name, value in graph.values.items():
-                if value.is_shared and name not in shared:
-                    result.add_initializer(names[name], value.const, value.literal)
-            order = graph.topological_order()
-            result._insert([result._renamed(node, names, k) for node in order],
-                           [[graph.values[o].type if o else None for o in node.outputs] for node in order])
-            result.outputs.extend(names[name] for name in graph.outputs)
+            result._add_renamed(graph, names, k, skip=shared.keys())
         return result
+
+    def renamed(self, names: Mapping[str, str]) -> Graph:
+        """A copy whose values named in ``names`` are renamed (the others keep their names)."""
+        result = self._empty_like(self.name)
+        result._add_renamed(self, names, None)
+        return result
+
+    def _add_renamed(self, graph: Graph, names: Mapping[str, str], instance: int | None,
+                     skip: Iterable[str] = ()) -> None:
+        """Every input, constant (but those in ``skip``), node and output of ``graph``, renamed by
+        ``names``; its nodes tagged ``instance``."""
+        get, skip = names.get, set(skip)
+        for name in graph.inputs:
+            self.add_input(get(name, name), graph.values[name].type)
+        for name, value in graph.values.items():
+            if value.is_shared and name not in skip:
+                self.add_initializer(get(name, name), value.const, value.literal)
+        order = graph.topological_order()
+        self._insert([self._renamed(node, names, instance) for node in order],
+                     [[graph.values[o].type if o else None for o in node.outputs] for node in order])
+        self.outputs.extend(get(name, name) for name in graph.outputs)
 
     def _empty_like(self, name: str) -> Graph:
         result = Graph(name, self.opset_imports)
