@@ -22,6 +22,7 @@ from autobatch.ir.nodes import attribute_value
 from autobatch.ir.types import ValueType
 
 JOINED = "joined"  # its key in ``Template.variants``
+_UNKNOWN = object()
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ def joined_operands(template: Template) -> Joined | None:
     """The template reading its joined operands as one, made once a template; None where no
     Concat joins two or more stacked operands, each read by it alone, of one static type, along
     a member's first axis (then each member's values in turn are its joined rows)."""
-    if JOINED not in template.variants:
-        template.variants[JOINED] = _joined(template)
-    return template.variants[JOINED]
+    joined = template.variants.get(JOINED, _UNKNOWN)
+    if joined is _UNKNOWN:  # (threads that race here all keep the first one's)
+        joined = template.variants.setdefault(JOINED, _joined(template))
+    return joined
 
 
 def _joined(template: Template) -> Joined | None:
@@ -86,6 +88,9 @@ def _joined(template: Template) -> Joined | None:
             continue
         joined = graph.subgraph([n for n in graph.nodes if n != node.id], f"{graph.name}_joined")
         joined.outputs = list(graph.outputs)  # (in the template's order, not its producers')
+        for name in graph.inputs:  # those nothing reads too: the executor feeds every one
+            if name not in joined.values and name not in names:
+                joined.add_input(name, graph.values[name].type)
         shape = (len(names) * vtype.shape[1], *vtype.shape[2:])
         joined.values[node.outputs[0]].type = ValueType.tensor(vtype.elem_type, (vtype.shape[0], *shape))
         joined = joined.renamed({node.outputs[0]: names[0]})
