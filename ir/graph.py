@@ -276,7 +276,7 @@ class Graph:
     def _add_renamed(self, graph: Graph, names: Mapping[str, str], instance: int | None,
                      skip: Iterable[str] = ()) -> None:
         """Every input, constant (but those in ``skip``), node and output of ``graph``, renamed by
-        ``names``; its nodes tagged ``instance``."""
+        ``names``; its nodes tagged ``instance`` (None: as they were)."""
         get, skip = names.get, set(skip)
         for name in graph.inputs:
             self.add_input(get(name, name), graph.values[name].type)
@@ -284,7 +284,7 @@ class Graph:
             if value.is_shared and name not in skip:
                 self.add_initializer(get(name, name), value.const, value.literal)
         order = graph.topological_order()
-        self._insert([self._renamed(node, names, instance) for node in order],
+        self._insert([self._renamed(node, names, node.instance if instance is None else instance) for node in order],
                      [[graph.values[o].type if o else None for o in node.outputs] for node in order])
         self.outputs.extend(get(name, name) for name in graph.outputs)
 

@@ -70,6 +70,20 @@ def test_union_shares_equal_constants_and_tags_instances():
     u.validate()
 
 
+def test_renamed_copies_with_the_names_given_and_keeps_the_rest():
+    g = tiny_graph()
+    for node in g.nodes.values():
+        node.instance = 3
+    copy = g.renamed({"x": "x0", "xw": "product", "y": "out"})
+    assert copy.inputs == ["x0"] and copy.outputs == ["out"]
+    assert copy.values["x0"].type == g.values["x"].type and "x" not in copy.values
+    np.testing.assert_array_equal(copy.values["W"].const, g.values["W"].const)
+    assert [(n.op_type, n.inputs, n.outputs, n.instance) for n in copy.topological_order()] == [
+        ("MatMul", ["x0", "W"], ["product"], 3), ("Add", ["product", "product"], ["s"], 3), ("Tanh", ["s"], ["out"], 3)]
+    copy.validate()
+    assert g.inputs == ["x"] and "product" not in g.values  # the original as it was
+
+
 def test_union_keeps_different_constants_apart():
     a, b = tiny_graph(), tiny_graph()
     b.values["W"].const = np.zeros((3, 2), np.float32)
