@@ -48,7 +48,8 @@ class _JoinedReads:
 
 
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
-def test_operands_in_rows_of_one_arena_in_any_order_are_read_joined(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_operands_in_rows_of_one_arena_in_any_order_are_read_joined(backend: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     joined = _JoinedReads(monkeypatch)
 
     def traced(batch: Batch, ks: list[int]) -> list[Any]:
