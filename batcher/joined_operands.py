@@ -68,8 +68,7 @@ def joined_operands(template: Template) -> Joined | None:
 
 
 def _joined(template: Template) -> Joined | None:
-    if template.solo or template.once or template.ragged or template.sequences or template.row_shape is not None \
-            or template.segment is not None or template.captured:
+    if not template.stacks_members:
         return None
     graph = template.graph
     stacked = {f"x{i}": i for i in template.stacked}

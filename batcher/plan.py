@@ -127,6 +127,14 @@ class Template:
     # so that their runners are prepared once.
     variants: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stacks_members(self) -> bool:
+        """Whether it maps each member's stacked operands to its rows of the outputs, and no
+        more: not solo, once, ragged, a recurrent layer's, a row reshape, a loss over rows, nor
+        reading values its subgraphs capture."""
+        return not (self.solo or self.once or self.ragged or self.sequences or self.row_shape is not None
+                    or self.segment is not None or self.captured)
+
 
 # What plans learnt of record keys (``flat.plan_records``' ``known``), as many as a caller that
 # keeps it across plans keeps (``InferenceSession`` across mixes, a traced block across runs).

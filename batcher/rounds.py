@@ -139,9 +139,8 @@ class RoundPlans:
             return
         step = plan.steps[0]
         template = step.template
-        if type(template) is not Template or template.solo or template.once or template.ragged \
-                or template.sequences or template.row_shape is not None or template.segment is not None \
-                or template.captured or step.groups is not None or step.fold is not None or step.size != n:
+        if type(template) is not Template or not template.stacks_members \
+                or step.groups is not None or step.fold is not None or step.size != n:
             return
         if any(type(read) is not tuple or read[0] != LITERALS or type(read[1]) is not list for read in step.reads):
             return
